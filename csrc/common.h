@@ -1,0 +1,27 @@
+// Shared helpers for the rh3dgs rasterization core (CPU and CUDA).
+//
+// Conventions (identical to gsplat's rasterize_to_pixels):
+//   pixel centre (x + 0.5, y + 0.5); delta = mean2d - pixel;
+//   sigma = 0.5 * (a dx^2 + c dy^2) + b dx dy with conic = (a, b, c);
+//   alpha = min(0.999, opacity * exp(-sigma)); skipped if sigma < 0 or alpha < 1/255;
+//   a pixel stops before the Gaussian that would bring transmittance T to <= 1e-4.
+#pragma once
+
+#if defined(__CUDACC__)
+#define RH_HD __host__ __device__ __forceinline__
+#else
+#define RH_HD inline
+#endif
+
+namespace rh3dgs {
+
+constexpr float kAlphaMin = 1.0f / 255.0f;
+constexpr float kAlphaMax = 0.999f;
+constexpr float kTransmittanceMin = 1e-4f;
+
+// Returns sigma of a Gaussian at a pixel (sigma < 0 means "skip").
+RH_HD float gauss_sigma(float a, float b, float c, float dx, float dy) {
+  return 0.5f * (a * dx * dx + c * dy * dy) + b * dx * dy;
+}
+
+}  // namespace rh3dgs

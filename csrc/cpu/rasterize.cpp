@@ -1,0 +1,288 @@
+// CPU backend of the rh3dgs rasterization core: tile-based front-to-back compositing of
+// N-D features with render statistics (A, D1, D2), forward and backward.
+//
+// Parallelism: OpenMP over (camera, tile) with a static schedule. In the backward pass
+// every tile owns the rows of its intersections in per-intersection gradient buffers,
+// which are then reduced serially per Gaussian, so results are deterministic and free
+// of atomics for any thread count.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <omp.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "../common.h"
+
+namespace rh3dgs {
+namespace {
+
+void check_inputs(const at::Tensor& means2d, const at::Tensor& conics, const at::Tensor& features,
+                  const at::Tensor& opacities, const at::Tensor& depths, const c10::optional<at::Tensor>& backgrounds,
+                  const at::Tensor& isect_offsets, const at::Tensor& flatten_ids) {
+  TORCH_CHECK(means2d.dim() == 3 && means2d.size(2) == 2, "means2d must be [B,N,2]");
+  const auto B = means2d.size(0), N = means2d.size(1);
+  TORCH_CHECK(conics.sizes() == at::IntArrayRef({B, N, 3}), "conics must be [B,N,3]");
+  TORCH_CHECK(features.dim() == 3 && features.size(0) == B && features.size(1) == N, "features must be [B,N,C]");
+  TORCH_CHECK(opacities.sizes() == at::IntArrayRef({B, N}), "opacities must be [B,N]");
+  TORCH_CHECK(depths.sizes() == at::IntArrayRef({B, N}), "depths must be [B,N]");
+  if (backgrounds.has_value()) {
+    TORCH_CHECK(backgrounds->sizes() == at::IntArrayRef({B, features.size(2)}), "backgrounds must be [B,C]");
+  }
+  TORCH_CHECK(isect_offsets.dim() == 3 && isect_offsets.size(0) == B, "isect_offsets must be [B,TH,TW]");
+  TORCH_CHECK(isect_offsets.scalar_type() == at::kInt && flatten_ids.scalar_type() == at::kInt,
+              "isect_offsets and flatten_ids must be int32");
+  for (const auto* t : {&means2d, &conics, &features, &opacities, &depths}) {
+    TORCH_CHECK(t->scalar_type() == at::kFloat, "rh3dgs rasterizer expects float32 tensors");
+  }
+}
+
+struct TileRange {
+  int64_t start, end;
+};
+
+inline TileRange tile_range(const int32_t* offsets, int64_t b, int64_t tile, int64_t tiles_per_cam, int64_t B,
+                            int64_t n_isects) {
+  const int64_t flat = b * tiles_per_cam + tile;
+  const int64_t start = offsets[flat];
+  const int64_t end = (flat == B * tiles_per_cam - 1) ? n_isects : offsets[flat + 1];
+  return {start, end};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize_fwd_cpu(
+    const at::Tensor& means2d_, const at::Tensor& conics_, const at::Tensor& features_,
+    const at::Tensor& opacities_, const at::Tensor& depths_, const c10::optional<at::Tensor>& backgrounds_,
+    int64_t width, int64_t height, int64_t tile_size, const at::Tensor& isect_offsets_,
+    const at::Tensor& flatten_ids_) {
+  check_inputs(means2d_, conics_, features_, opacities_, depths_, backgrounds_, isect_offsets_, flatten_ids_);
+  const auto means2d = means2d_.contiguous(), conics = conics_.contiguous(), features = features_.contiguous();
+  const auto opacities = opacities_.contiguous(), depths = depths_.contiguous();
+  const auto isect_offsets = isect_offsets_.contiguous(), flatten_ids = flatten_ids_.contiguous();
+  at::Tensor backgrounds;
+  if (backgrounds_.has_value()) backgrounds = backgrounds_->contiguous();
+
+  const int64_t B = means2d.size(0), N = means2d.size(1), C = features.size(2);
+  const int64_t TH = isect_offsets.size(1), TW = isect_offsets.size(2);
+  const int64_t n_isects = flatten_ids.numel();
+  auto fopt = means2d.options();
+  auto render = at::zeros({B, height, width, C}, fopt);
+  auto alpha = at::zeros({B, height, width}, fopt);
+  auto d1 = at::zeros({B, height, width}, fopt);
+  auto d2 = at::zeros({B, height, width}, fopt);
+  auto last_ids = at::full({B, height, width}, -1, fopt.dtype(at::kInt));
+
+  const float* xy = means2d.data_ptr<float>();
+  const float* con = conics.data_ptr<float>();
+  const float* feat = features.data_ptr<float>();
+  const float* opac = opacities.data_ptr<float>();
+  const float* dep = depths.data_ptr<float>();
+  const float* bg = backgrounds.defined() ? backgrounds.data_ptr<float>() : nullptr;
+  const int32_t* offsets = isect_offsets.data_ptr<int32_t>();
+  const int32_t* fids = flatten_ids.data_ptr<int32_t>();
+  float* out = render.data_ptr<float>();
+  float* out_a = alpha.data_ptr<float>();
+  float* out_d1 = d1.data_ptr<float>();
+  float* out_d2 = d2.data_ptr<float>();
+  int32_t* out_last = last_ids.data_ptr<int32_t>();
+  (void)N;
+
+  const int64_t n_work = B * TH * TW;
+#pragma omp parallel num_threads(at::get_num_threads())
+  {
+    // Tile-local copies of the Gaussian parameters (structure of arrays).
+    std::vector<float> lx, ly, la, lb, lc, lo, lz, lf;
+    std::vector<float> acc(C);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t work = 0; work < n_work; ++work) {
+      const int64_t b = work / (TH * TW), tile = work % (TH * TW);
+      const int64_t ty = tile / TW, tx = tile % TW;
+      const TileRange r = tile_range(offsets, b, tile, TH * TW, B, n_isects);
+      const int64_t K = r.end - r.start;
+      lx.resize(K); ly.resize(K); la.resize(K); lb.resize(K); lc.resize(K); lo.resize(K); lz.resize(K);
+      lf.resize(K * C);
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t g = fids[r.start + k];
+        lx[k] = xy[2 * g]; ly[k] = xy[2 * g + 1];
+        la[k] = con[3 * g]; lb[k] = con[3 * g + 1]; lc[k] = con[3 * g + 2];
+        lo[k] = opac[g]; lz[k] = dep[g];
+        std::copy(feat + g * C, feat + (g + 1) * C, lf.data() + k * C);
+      }
+      const int64_t y0 = ty * tile_size, x0 = tx * tile_size;
+      const int64_t y1 = std::min<int64_t>(y0 + tile_size, height), x1 = std::min<int64_t>(x0 + tile_size, width);
+      for (int64_t py = y0; py < y1; ++py) {
+        for (int64_t px = x0; px < x1; ++px) {
+          const float fx = (float)px + 0.5f, fy = (float)py + 0.5f;
+          float T = 1.0f, sd1 = 0.0f, sd2 = 0.0f;
+          int64_t last = -1;
+          std::fill(acc.begin(), acc.end(), 0.0f);
+          for (int64_t k = 0; k < K; ++k) {
+            const float dx = lx[k] - fx, dy = ly[k] - fy;
+            const float sigma = gauss_sigma(la[k], lb[k], lc[k], dx, dy);
+            if (sigma < 0.0f) continue;
+            const float a = std::min(kAlphaMax, lo[k] * std::exp(-sigma));
+            if (a < kAlphaMin) continue;
+            const float next_T = T * (1.0f - a);
+            if (next_T <= kTransmittanceMin) break;
+            const float w = a * T;
+            const float* f = lf.data() + k * C;
+            for (int64_t c = 0; c < C; ++c) acc[c] += w * f[c];
+            sd1 += w * lz[k];
+            sd2 += w * lz[k] * lz[k];
+            T = next_T;
+            last = r.start + k;
+          }
+          const int64_t pix = (b * height + py) * width + px;
+          float* o = out + pix * C;
+          for (int64_t c = 0; c < C; ++c) o[c] = acc[c] + (bg ? T * bg[b * C + c] : 0.0f);
+          out_a[pix] = 1.0f - T;
+          out_d1[pix] = sd1;
+          out_d2[pix] = sd2;
+          out_last[pix] = (int32_t)last;
+        }
+      }
+    }
+  }
+  return {render, alpha, d1, d2, last_ids};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize_bwd_cpu(
+    const at::Tensor& means2d_, const at::Tensor& conics_, const at::Tensor& features_,
+    const at::Tensor& opacities_, const at::Tensor& depths_, const c10::optional<at::Tensor>& backgrounds_,
+    int64_t width, int64_t height, int64_t tile_size, const at::Tensor& isect_offsets_,
+    const at::Tensor& flatten_ids_, const at::Tensor& alpha_, const at::Tensor& last_ids_,
+    const at::Tensor& v_render_, const at::Tensor& v_alpha_, const at::Tensor& v_d1_, const at::Tensor& v_d2_) {
+  check_inputs(means2d_, conics_, features_, opacities_, depths_, backgrounds_, isect_offsets_, flatten_ids_);
+  const auto means2d = means2d_.contiguous(), conics = conics_.contiguous(), features = features_.contiguous();
+  const auto opacities = opacities_.contiguous(), depths = depths_.contiguous();
+  const auto isect_offsets = isect_offsets_.contiguous(), flatten_ids = flatten_ids_.contiguous();
+  const auto alpha = alpha_.contiguous(), last_ids = last_ids_.contiguous();
+  const auto v_render = v_render_.contiguous(), v_alpha = v_alpha_.contiguous();
+  const auto v_d1 = v_d1_.contiguous(), v_d2 = v_d2_.contiguous();
+  at::Tensor backgrounds;
+  if (backgrounds_.has_value()) backgrounds = backgrounds_->contiguous();
+
+  const int64_t B = means2d.size(0), N = means2d.size(1), C = features.size(2);
+  const int64_t TH = isect_offsets.size(1), TW = isect_offsets.size(2);
+  const int64_t n_isects = flatten_ids.numel();
+  // Per-intersection gradient rows: [xy(2), conic(3), opacity(1), depth(1), features(C)].
+  const int64_t S = 7 + C;
+  std::vector<float> isect_grad((size_t)n_isects * S, 0.0f);
+
+  const float* xy = means2d.data_ptr<float>();
+  const float* con = conics.data_ptr<float>();
+  const float* feat = features.data_ptr<float>();
+  const float* opac = opacities.data_ptr<float>();
+  const float* dep = depths.data_ptr<float>();
+  const float* bg = backgrounds.defined() ? backgrounds.data_ptr<float>() : nullptr;
+  const int32_t* offsets = isect_offsets.data_ptr<int32_t>();
+  const int32_t* fids = flatten_ids.data_ptr<int32_t>();
+  const float* A = alpha.data_ptr<float>();
+  const int32_t* lasts = last_ids.data_ptr<int32_t>();
+  const float* vr = v_render.data_ptr<float>();
+  const float* va = v_alpha.data_ptr<float>();
+  const float* vd1 = v_d1.data_ptr<float>();
+  const float* vd2 = v_d2.data_ptr<float>();
+
+  const int64_t n_work = B * TH * TW;
+#pragma omp parallel num_threads(at::get_num_threads())
+  {
+    std::vector<float> buf(C);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t work = 0; work < n_work; ++work) {
+      const int64_t b = work / (TH * TW), tile = work % (TH * TW);
+      const int64_t ty = tile / TW, tx = tile % TW;
+      const TileRange r = tile_range(offsets, b, tile, TH * TW, B, n_isects);
+      if (r.end <= r.start) continue;
+      const int64_t y0 = ty * tile_size, x0 = tx * tile_size;
+      const int64_t y1 = std::min<int64_t>(y0 + tile_size, height), x1 = std::min<int64_t>(x0 + tile_size, width);
+      for (int64_t py = y0; py < y1; ++py) {
+        for (int64_t px = x0; px < x1; ++px) {
+          const int64_t pix = (b * height + py) * width + px;
+          const int64_t last = lasts[pix];
+          if (last < r.start) continue;
+          const float fx = (float)px + 0.5f, fy = (float)py + 0.5f;
+          const float T_final = 1.0f - A[pix];
+          float T = T_final;
+          const float* v_out = vr + pix * C;
+          const float v_A = va[pix], v_D1 = vd1[pix], v_D2 = vd2[pix];
+          float bg_dot = 0.0f;
+          if (bg) for (int64_t c = 0; c < C; ++c) bg_dot += bg[b * C + c] * v_out[c];
+          std::fill(buf.begin(), buf.end(), 0.0f);
+          float buf_d1 = 0.0f, buf_d2 = 0.0f;
+          for (int64_t i = last; i >= r.start; --i) {
+            const int64_t g = fids[i];
+            const float a_ = con[3 * g], b_ = con[3 * g + 1], c_ = con[3 * g + 2];
+            const float dx = xy[2 * g] - fx, dy = xy[2 * g + 1] - fy;
+            const float sigma = gauss_sigma(a_, b_, c_, dx, dy);
+            if (sigma < 0.0f) continue;
+            const float vis = std::exp(-sigma);
+            const float o = opac[g];
+            const float a = std::min(kAlphaMax, o * vis);
+            if (a < kAlphaMin) continue;
+            const float ra = 1.0f / (1.0f - a);
+            T *= ra;  // transmittance in front of this Gaussian
+            const float w = a * T;
+            const float z = dep[g];
+            const float* f = feat + g * C;
+            float* row = isect_grad.data() + (size_t)i * S;
+            float v_a = 0.0f;
+            for (int64_t c = 0; c < C; ++c) {
+              row[7 + c] += w * v_out[c];
+              v_a += (f[c] * T - buf[c] * ra) * v_out[c];
+              buf[c] += f[c] * w;
+            }
+            v_a += (z * T - buf_d1 * ra) * v_D1 + (z * z * T - buf_d2 * ra) * v_D2;
+            v_a += T_final * ra * (v_A - bg_dot);
+            row[6] += w * (v_D1 + 2.0f * z * v_D2);
+            buf_d1 += z * w;
+            buf_d2 += z * z * w;
+            if (o * vis <= kAlphaMax) {
+              const float v_sigma = -o * vis * v_a;
+              row[0] += v_sigma * (a_ * dx + b_ * dy);
+              row[1] += v_sigma * (b_ * dx + c_ * dy);
+              row[2] += 0.5f * v_sigma * dx * dx;
+              row[3] += v_sigma * dx * dy;
+              row[4] += 0.5f * v_sigma * dy * dy;
+              row[5] += vis * v_a;
+            }
+          }
+        }
+      }
+    }
+  }
+
+  auto fopt = means2d.options();
+  auto v_means2d = at::zeros({B, N, 2}, fopt);
+  auto v_conics = at::zeros({B, N, 3}, fopt);
+  auto v_features = at::zeros({B, N, C}, fopt);
+  auto v_opacities = at::zeros({B, N}, fopt);
+  auto v_depths = at::zeros({B, N}, fopt);
+  float* gxy = v_means2d.data_ptr<float>();
+  float* gcon = v_conics.data_ptr<float>();
+  float* gfeat = v_features.data_ptr<float>();
+  float* gop = v_opacities.data_ptr<float>();
+  float* gdep = v_depths.data_ptr<float>();
+  // Deterministic serial reduction of intersection rows into Gaussians.
+  for (int64_t i = 0; i < n_isects; ++i) {
+    const int64_t g = fids[i];
+    const float* row = isect_grad.data() + (size_t)i * S;
+    gxy[2 * g] += row[0]; gxy[2 * g + 1] += row[1];
+    gcon[3 * g] += row[2]; gcon[3 * g + 1] += row[3]; gcon[3 * g + 2] += row[4];
+    gop[g] += row[5];
+    gdep[g] += row[6];
+    float* gf = gfeat + g * C;
+    for (int64_t c = 0; c < C; ++c) gf[c] += row[7 + c];
+  }
+  return {v_means2d, v_conics, v_features, v_opacities, v_depths};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(rh3dgs, CPU, m) {
+  m.impl("rasterize_fwd", &rasterize_fwd_cpu);
+  m.impl("rasterize_bwd", &rasterize_bwd_cpu);
+}
+
+}  // namespace rh3dgs

@@ -1,0 +1,42 @@
+// Operator schemas of the rh3dgs native core. Backends register implementations in
+// csrc/cpu/*.cpp (CPU, always built) and csrc/cuda/*.cu (CUDA, built when available).
+#include <Python.h>
+#include <torch/library.h>
+
+extern "C" {
+// A minimal Python module so that `import rh3dgs._C` loads the library and runs the
+// static registrations below; all functionality is reached through torch.ops.rh3dgs.
+PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", "rh3dgs native ops (see torch.ops.rh3dgs)", -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+}
+
+TORCH_LIBRARY(rh3dgs, m) {
+  // Composite N-D features front to back over tile-sorted Gaussians.
+  // means2d [B,N,2], conics [B,N,3], features [B,N,C], opacities [B,N], depths [B,N],
+  // backgrounds [B,C] (optional), isect_offsets [B,TH,TW] int32, flatten_ids [M] int32.
+  // Returns render [B,H,W,C], alpha [B,H,W], depth moments d1, d2 [B,H,W], last_ids [B,H,W] int32.
+  m.def(
+      "rasterize_fwd(Tensor means2d, Tensor conics, Tensor features, Tensor opacities, Tensor depths, "
+      "Tensor? backgrounds, int width, int height, int tile_size, Tensor isect_offsets, Tensor flatten_ids) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // Gradients w.r.t. means2d, conics, features, opacities, depths.
+  m.def(
+      "rasterize_bwd(Tensor means2d, Tensor conics, Tensor features, Tensor opacities, Tensor depths, "
+      "Tensor? backgrounds, int width, int height, int tile_size, Tensor isect_offsets, Tensor flatten_ids, "
+      "Tensor alpha, Tensor last_ids, Tensor v_render, Tensor v_alpha, Tensor v_d1, Tensor v_d2) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // One pass of the per-Gaussian robust spherical mean (training-free lift).
+  // For every contribution w = alpha_i T_i(u) * pixel_weights(u) of Gaussian i to pixel u
+  // with unit teacher feature z(u) (pixel_feats [B,H,W,D]):
+  //   mode 0 (init):  acc_w[i] += w,  acc_v[i] += w z(u)
+  //   mode 1 (IRLS):  theta = d(mu_i, z), omega = w * min(1, delta / theta),
+  //                   acc_w[i] += omega, acc_v[i] += omega Log_{mu_i}(z(u))
+  // Gaussians are indexed modulo N (flatten_ids % N), mu [N,D].
+  // Returns acc_w [N], acc_v [N,D], and the sum of w over contributions acc_raw [N].
+  m.def(
+      "aggregate_sphere(Tensor means2d, Tensor conics, Tensor opacities, Tensor pixel_feats, "
+      "Tensor pixel_weights, Tensor mu, float delta, int mode, int num_gaussians, int tile_size, "
+      "Tensor isect_offsets, Tensor flatten_ids) -> (Tensor, Tensor, Tensor)");
+}

@@ -1,0 +1,43 @@
+"""rh3dgs: robust open-vocabulary semantic 3D Gaussian Splatting (Rh-3DGS, ICML 2026).
+
+Importing rh3dgs is cheap and silent: heavy modules (rendering, the native extension,
+gsplat, open_clip, nerfstudio) load on first use.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+__version__ = "0.1.0"
+
+from .cameras import Cameras
+from .errors import Rh3dgsError
+from .gaussians import Gaussians
+
+# name -> module that defines it; resolved lazily (PEP 562)
+_LAZY = {
+    "render": "rh3dgs.render",
+    "RenderResult": "rh3dgs.render",
+    "load_ply": "rh3dgs.io.ply",
+    "save_ply": "rh3dgs.io.ply",
+    "load_transforms": "rh3dgs.io.transforms",
+    "lift": "rh3dgs.lift",
+}
+
+__all__ = ["Cameras", "Gaussians", "Rh3dgsError", "__version__", *_LAZY]
+
+
+def __getattr__(name: str):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'rh3dgs' has no attribute {name!r}")
+    value = getattr(importlib.import_module(mod), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .io.ply import load_ply, save_ply  # noqa: F401
+    from .io.transforms import load_transforms  # noqa: F401
+    from .lift import lift  # noqa: F401
+    from .render import RenderResult, render  # noqa: F401

@@ -1,0 +1,1 @@
+"""Datasets: procedural labelled scenes (:mod:`rh3dgs.data.synthetic`)."""

@@ -1,0 +1,312 @@
+"""Procedural labelled scenes built directly as 3D Gaussians (exact ground truth).
+
+A scene is a floor plus labelled objects of several primitive shapes (sphere, box,
+cylinder, torus, an open bowl with an object inside, a thin pole), each surface
+sampled into flat Gaussians (disks tangent to the surface) with per-Gaussian class and
+instance labels. Objects are placed so that some occlude others from many viewpoints.
+Cameras orbit the scene at several heights. Everything is seeded and deterministic.
+
+:func:`make_scene` returns a :class:`SyntheticScene`; :func:`write_dataset` renders it
+into a nerfstudio dataset folder (images, transforms.json, the Gaussians as PLY, an
+initial point cloud, ground-truth depth and class masks).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from ..cameras import Cameras
+from ..gaussians import Gaussians
+
+__all__ = ["SceneConfig", "SyntheticScene", "make_scene", "orbit_cameras", "write_dataset", "rotmat_to_quat"]
+
+
+@dataclass
+class SceneConfig:
+    """Settings of :func:`make_scene`.
+
+    seed: RNG seed (scene layout, sampling, textures).
+    gaussians_per_unit_area: surface sampling density (Gaussians per m^2).
+    floor_size: side length of the square floor (m).
+    texture_noise: std of per-Gaussian colour jitter (texture).
+    num_views: cameras on the orbit; image_size: square image side in pixels.
+    orbit_radius, orbit_heights: camera orbit (m); cameras look at the scene centre.
+    fov_deg: horizontal field of view.
+    """
+
+    seed: int = 0
+    gaussians_per_unit_area: float = 6000.0
+    floor_size: float = 3.0
+    texture_noise: float = 0.04
+    num_views: int = 12
+    image_size: int = 128
+    orbit_radius: float = 3.2
+    orbit_heights: Tuple[float, ...] = (1.2, 2.0)
+    fov_deg: float = 50.0
+
+
+@dataclass
+class SyntheticScene:
+    """A labelled Gaussian scene.
+
+    gaussians: the Gaussians (raw parameters, SH degree 0).
+    class_ids: [N] long, index into ``class_names`` (0 = floor).
+    instance_ids: [N] long, 0 = floor, 1.. = objects.
+    class_names: names usable as text queries ("red ball", ...).
+    cameras: the orbit cameras.
+    """
+
+    gaussians: Gaussians
+    class_ids: torch.Tensor
+    instance_ids: torch.Tensor
+    class_names: List[str]
+    cameras: Cameras
+    config: SceneConfig = field(default_factory=SceneConfig)
+
+
+# ----------------------------------------------------------------------------- geometry
+def rotmat_to_quat(R: torch.Tensor) -> torch.Tensor:
+    """[..., 3, 3] rotation matrices -> [..., 4] unit quaternions (w, x, y, z)."""
+    m = R
+    t = m[..., 0, 0] + m[..., 1, 1] + m[..., 2, 2]
+    cands = torch.stack(
+        [
+            torch.stack([1 + t, m[..., 2, 1] - m[..., 1, 2], m[..., 0, 2] - m[..., 2, 0], m[..., 1, 0] - m[..., 0, 1]], -1),
+            torch.stack([m[..., 2, 1] - m[..., 1, 2], 1 + m[..., 0, 0] - m[..., 1, 1] - m[..., 2, 2], m[..., 0, 1] + m[..., 1, 0], m[..., 0, 2] + m[..., 2, 0]], -1),
+            torch.stack([m[..., 0, 2] - m[..., 2, 0], m[..., 0, 1] + m[..., 1, 0], 1 - m[..., 0, 0] + m[..., 1, 1] - m[..., 2, 2], m[..., 1, 2] + m[..., 2, 1]], -1),
+            torch.stack([m[..., 1, 0] - m[..., 0, 1], m[..., 0, 2] + m[..., 2, 0], m[..., 1, 2] + m[..., 2, 1], 1 - m[..., 0, 0] - m[..., 1, 1] + m[..., 2, 2]], -1),
+        ],
+        -2,
+    )  # [..., 4, 4]; pick the numerically largest candidate
+    diag = torch.stack([1 + t, 1 + m[..., 0, 0] - m[..., 1, 1] - m[..., 2, 2], 1 - m[..., 0, 0] + m[..., 1, 1] - m[..., 2, 2],
+                        1 - m[..., 0, 0] - m[..., 1, 1] + m[..., 2, 2]], -1)
+    best = diag.argmax(-1)
+    q = torch.gather(cands, -2, best[..., None, None].expand(*best.shape, 1, 4)).squeeze(-2)
+    q = torch.nn.functional.normalize(q, dim=-1)
+    return q * torch.where(q[..., :1] < 0, -1.0, 1.0)
+
+
+def _tangent_frames(normals: torch.Tensor) -> torch.Tensor:
+    """[N,3] unit normals -> [N,3,3] rotations whose third column is the normal."""
+    a = torch.where(normals[:, 2:3].abs() < 0.9, torch.tensor([0.0, 0.0, 1.0]), torch.tensor([1.0, 0.0, 0.0]))
+    t1 = torch.nn.functional.normalize(torch.cross(a, normals, dim=-1), dim=-1)
+    t2 = torch.cross(normals, t1, dim=-1)
+    return torch.stack([t1, t2, normals], dim=-1)
+
+
+Sampler = Callable[[int, torch.Generator], Tuple[torch.Tensor, torch.Tensor]]
+
+
+def _sphere(center, r) -> Tuple[float, Sampler]:
+    def sample(n, g):
+        nrm = torch.nn.functional.normalize(torch.randn(n, 3, generator=g), dim=-1)
+        return torch.tensor(center) + r * nrm, nrm
+
+    return 4 * math.pi * r * r, sample
+
+
+def _box(center, half) -> Tuple[float, Sampler]:
+    hx, hy, hz = half
+    areas = torch.tensor([hy * hz, hy * hz, hx * hz, hx * hz, hx * hy, hx * hy]) * 4
+
+    def sample(n, g):
+        face = torch.multinomial(areas, n, replacement=True, generator=g)
+        u = torch.rand(n, 3, generator=g) * 2 - 1
+        axis = face // 2
+        sign = (face % 2) * 2 - 1.0
+        p = u * torch.tensor(half)
+        nrm = torch.zeros(n, 3)
+        idx = torch.arange(n)
+        p[idx, axis] = sign * torch.tensor(half)[axis]
+        nrm[idx, axis] = sign
+        return torch.tensor(center) + p, nrm
+
+    return float(areas.sum()), sample
+
+
+def _cylinder(center, r, h) -> Tuple[float, Sampler]:
+    side, cap = 2 * math.pi * r * h, math.pi * r * r
+
+    def sample(n, g):
+        which = torch.multinomial(torch.tensor([side, cap]), n, replacement=True, generator=g)
+        phi = torch.rand(n, generator=g) * 2 * math.pi
+        z = torch.rand(n, generator=g) * h
+        rr = torch.sqrt(torch.rand(n, generator=g)) * r
+        on_side = which == 0
+        x = torch.where(on_side, r * torch.cos(phi), rr * torch.cos(phi))
+        y = torch.where(on_side, r * torch.sin(phi), rr * torch.sin(phi))
+        z = torch.where(on_side, z, torch.full_like(z, h))
+        nrm = torch.where(on_side[:, None], torch.stack([torch.cos(phi), torch.sin(phi), torch.zeros(n)], -1),
+                          torch.tensor([0.0, 0.0, 1.0]).expand(n, 3))
+        return torch.tensor(center) + torch.stack([x, y, z], -1), nrm
+
+    return side + cap, sample
+
+
+def _torus(center, R, r) -> Tuple[float, Sampler]:
+    def sample(n, g):
+        out_u, out_v = [], []
+        while sum(len(u) for u in out_u) < n:  # rejection sampling for uniform area
+            u = torch.rand(2 * n, generator=g) * 2 * math.pi
+            v = torch.rand(2 * n, generator=g) * 2 * math.pi
+            keep = torch.rand(2 * n, generator=g) < (R + r * torch.cos(v)) / (R + r)
+            out_u.append(u[keep])
+            out_v.append(v[keep])
+        u, v = torch.cat(out_u)[:n], torch.cat(out_v)[:n]
+        nrm = torch.stack([torch.cos(v) * torch.cos(u), torch.cos(v) * torch.sin(u), torch.sin(v)], -1)
+        p = torch.stack([(R + r * torch.cos(v)) * torch.cos(u), (R + r * torch.cos(v)) * torch.sin(u), r * torch.sin(v)], -1)
+        return torch.tensor(center) + p, nrm
+
+    return 4 * math.pi ** 2 * R * r, sample
+
+
+def _bowl(center, r) -> Tuple[float, Sampler]:
+    """Open hemispherical shell (concave), rim at the top."""
+
+    def sample(n, g):
+        nrm = torch.nn.functional.normalize(torch.randn(n, 3, generator=g), dim=-1)
+        nrm[:, 2] = -nrm[:, 2].abs()
+        return torch.tensor(center) + torch.tensor([0.0, 0.0, r]) + r * nrm, nrm
+
+    return 2 * math.pi * r * r, sample
+
+
+def _floor(size) -> Tuple[float, Sampler]:
+    def sample(n, g):
+        xy = (torch.rand(n, 2, generator=g) - 0.5) * size
+        return torch.cat([xy, torch.zeros(n, 1)], -1), torch.tensor([0.0, 0.0, 1.0]).expand(n, 3).clone()
+
+    return size * size, sample
+
+
+# (name, rgb, shape factory): the default scene's objects. Positions are jittered per seed.
+_OBJECTS = [
+    ("red ball", (0.85, 0.12, 0.10), lambda o: _sphere((o[0], o[1], 0.25), 0.25)),
+    ("blue box", (0.12, 0.25, 0.85), lambda o: _box((o[0], o[1], 0.3), (0.22, 0.18, 0.3))),
+    ("green cylinder", (0.15, 0.7, 0.2), lambda o: _cylinder((o[0], o[1], 0.0), 0.15, 0.55)),
+    ("yellow torus", (0.92, 0.82, 0.10), lambda o: _torus((o[0], o[1], 0.12), 0.25, 0.08)),
+    ("white bowl", (0.92, 0.92, 0.90), lambda o: _bowl((o[0], o[1], 0.0), 0.3)),
+    ("purple ball", (0.55, 0.2, 0.7), lambda o: _sphere((o[0], o[1], 0.1), 0.1)),  # sits inside the bowl
+    ("black pole", (0.08, 0.08, 0.08), lambda o: _cylinder((o[0], o[1], 0.0), 0.025, 0.9)),  # thin part
+]
+_LAYOUT = [(-0.55, -0.35), (0.05, 0.15), (0.6, -0.45), (-0.3, 0.6), (0.65, 0.55), (0.65, 0.55), (0.05, -0.6)]
+
+
+def orbit_cameras(cfg: SceneConfig, center=(0.0, 0.0, 0.3)) -> Cameras:
+    """Cameras on circles of radius ``orbit_radius`` at ``orbit_heights``, looking at ``center``."""
+    n, heights = cfg.num_views, cfg.orbit_heights
+    eyes = []
+    for i in range(n):
+        ang = 2 * math.pi * i / n + 0.3
+        h = heights[i % len(heights)]
+        eyes.append([cfg.orbit_radius * math.cos(ang), cfg.orbit_radius * math.sin(ang), h])
+    cams = Cameras.look_at(torch.tensor(eyes), torch.tensor(center), up=(0.0, 0.0, 1.0), fov_deg=cfg.fov_deg,
+                           width=cfg.image_size, height=cfg.image_size)
+    cams.names = [f"frame_{i:05d}" for i in range(n)]
+    return cams
+
+
+def make_scene(cfg: Optional[SceneConfig] = None) -> SyntheticScene:
+    """Build the labelled Gaussian scene described in the module docstring."""
+    cfg = cfg or SceneConfig()
+    g = torch.Generator().manual_seed(cfg.seed)
+    jitter = (torch.rand(len(_LAYOUT), 2, generator=g) - 0.5) * 0.1
+    jitter[5] = jitter[4]  # the purple ball stays inside the bowl
+    parts = [("floor", (0.55, 0.5, 0.45), _floor(cfg.floor_size))]
+    for (name, rgb, make), (x, y), j in zip(_OBJECTS, _LAYOUT, jitter):
+        parts.append((name, rgb, make((x + float(j[0]), y + float(j[1])))))
+    class_names = [p[0] for p in parts]
+    means, normals, colors, cls, inst, spacing = [], [], [], [], [], []
+    for k, (name, rgb, (area, sampler)) in enumerate(parts):
+        n = max(64, int(round(area * cfg.gaussians_per_unit_area)))
+        p, nrm = sampler(n, g)
+        col = torch.tensor(rgb).expand(n, 3).clone()
+        if name == "floor":  # checkerboard texture
+            chk = ((torch.floor(p[:, 0] / 0.25) + torch.floor(p[:, 1] / 0.25)) % 2)[:, None]
+            col = col * (0.75 + 0.5 * chk)
+        col = (col + cfg.texture_noise * torch.randn(n, 3, generator=g)).clamp(0.01, 0.99)
+        means.append(p); normals.append(nrm); colors.append(col)
+        cls.append(torch.full((n,), k)); inst.append(torch.full((n,), k))
+        spacing.append(torch.full((n,), math.sqrt(area / n)))
+    means, normals, colors = torch.cat(means), torch.cat(normals), torch.cat(colors)
+    s = torch.cat(spacing)
+    scales = torch.stack([0.8 * s, 0.8 * s, 0.08 * s], -1)
+    quats = rotmat_to_quat(_tangent_frames(normals))
+    opac = torch.full((len(means),), 0.9)
+    gaussians = Gaussians.from_activated(means, scales, quats, opac, colors)
+    gaussians.extra = {"class_id": torch.cat(cls).float(), "instance_id": torch.cat(inst).float()}
+    return SyntheticScene(gaussians, torch.cat(cls), torch.cat(inst), class_names, orbit_cameras(cfg), cfg)
+
+
+def write_dataset(scene: SyntheticScene, out_dir, progress: bool = True) -> Dict[str, Path]:
+    """Render ``scene`` into a nerfstudio dataset at ``out_dir``.
+
+    Layout::
+        images/frame_XXXXX.png         RGB renders
+        depth/frame_XXXXX.npy          expected depth (float32, 0 = background)
+        masks/frame_XXXXX.png          per-pixel class index (uint8, 255 = background)
+        transforms.json                nerfstudio cameras (OpenGL c2w), ply_file_path
+        sparse_pc.ply                  initial point cloud (Gaussian centres, for splatfacto)
+        scene.ply                      ground-truth Gaussians (INRIA layout + class_id, instance_id)
+        classes.txt                    class names, one per line, index = class id
+    All files are written atomically; existing files are replaced only when complete.
+    """
+    from ..io.atomic import atomic_save_bytes, atomic_save_png
+    from ..io.ply import save_ply
+    from ..io.transforms import save_transforms
+    from ..progress import track
+    from ..render import render
+
+    out = Path(out_dir)
+    for sub in ("images", "depth", "masks"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    cams = scene.cameras
+    onehot = torch.nn.functional.one_hot(scene.class_ids, len(scene.class_names)).float()
+    image_paths = []
+    for i in track(range(len(cams)), description="rendering synthetic views", disable=not progress):
+        with torch.no_grad():
+            r = render(scene.gaussians, cams[i], onehot)
+        name = cams.names[i]
+        img = (r.rgb[0].clamp(0, 1) * 255).round().to(torch.uint8).numpy()
+        atomic_save_png(out / "images" / f"{name}.png", img)
+        buf = _npy_bytes(torch.where(r.alpha[0] > 0.5, r.depth[0], torch.zeros_like(r.depth[0])).numpy().astype(np.float32))
+        atomic_save_bytes(out / "depth" / f"{name}.npy", buf)
+        lab = r.features[0].argmax(-1).to(torch.uint8)
+        lab[r.alpha[0] < 0.5] = 255
+        atomic_save_png(out / "masks" / f"{name}.png", lab.numpy())
+        image_paths.append(out / "images" / f"{name}.png")
+    save_ply(out / "scene.ply", scene.gaussians)
+    _save_point_cloud(out / "sparse_pc.ply", pc.means, (0.28209479177387814 * scene.gaussians.sh0[:, 0] + 0.5).clamp(0, 1))
+    save_transforms(out / "transforms.json", cams, image_paths, extra={"ply_file_path": "sparse_pc.ply"})
+    atomic_save_bytes(out / "classes.txt", ("\n".join(scene.class_names) + "\n").encode())
+    return {"root": out, "transforms": out / "transforms.json", "scene_ply": out / "scene.ply"}
+
+
+def _npy_bytes(arr: np.ndarray) -> bytes:
+    import io
+
+    bio = io.BytesIO()
+    np.save(bio, arr)
+    return bio.getvalue()
+
+
+def _save_point_cloud(path: Path, xyz: torch.Tensor, rgb: torch.Tensor) -> None:
+    """A coloured point cloud PLY (x y z red green blue), as nerfstudio's ``ply_file_path`` expects."""
+    from plyfile import PlyData, PlyElement
+
+    from ..io.atomic import atomic_write
+
+    arr = np.empty(len(xyz), dtype=[("x", "f4"), ("y", "f4"), ("z", "f4"), ("red", "u1"), ("green", "u1"), ("blue", "u1")])
+    xyz_np, rgb_np = xyz.numpy(), (rgb * 255).round().clamp(0, 255).to(torch.uint8).numpy()
+    for i, k in enumerate("xyz"):
+        arr[k] = xyz_np[:, i]
+    for i, k in enumerate(("red", "green", "blue")):
+        arr[k] = rgb_np[:, i]
+    with atomic_write(path, "wb") as f:
+        PlyData([PlyElement.describe(arr, "vertex")]).write(f)

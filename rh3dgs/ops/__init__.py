@@ -1,0 +1,12 @@
+"""Native ops of rh3dgs (one Python entry per op; backend chosen by device).
+
+* :func:`rasterize_to_pixels` - N-D feature compositing + render statistics (A, D1, D2).
+* :func:`aggregate_sphere` - per-Gaussian robust spherical mean accumulation (lift).
+* :func:`isect_tiles` - tile binning.
+Pure-torch references live in :mod:`rh3dgs.ops._ref`.
+"""
+from .aggregate import aggregate_sphere
+from .binning import isect_tiles
+from .rasterize import RasterOutput, rasterize_to_pixels
+
+__all__ = ["aggregate_sphere", "isect_tiles", "rasterize_to_pixels", "RasterOutput"]

@@ -1,0 +1,130 @@
+"""Pure-torch references of the native ops (used by tests; gsplat's ``_torch_impl`` pattern).
+
+They follow exactly the same compositing rules as ``csrc/`` (see csrc/common.h) but
+enumerate every (pixel, Gaussian) pair of a tile densely, so they are simple, slow and
+differentiable by autograd.
+"""
+from __future__ import annotations
+
+from typing import Iterator, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+ALPHA_MIN = 1.0 / 255.0
+ALPHA_MAX = 0.999
+T_MIN = 1e-4
+
+__all__ = ["_ref_rasterize_to_pixels", "_ref_aggregate_sphere", "_ref_tile_contributions"]
+
+
+def _ref_tile_contributions(
+    means2d: Tensor, conics: Tensor, opacities: Tensor, width: int, height: int, tile_size: int,
+    isect_offsets: Tensor, flatten_ids: Tensor,
+) -> Iterator[Tuple[int, Tensor, Tensor, Tensor, Tensor]]:
+    """Yield per tile: (camera b, pixel flat ids [P] into [H*W], gaussian flat ids [K] (b*N+n),
+    compositing weights w = alpha*T [P, K] (0 where skipped or terminated), final T [P])."""
+    B, TH, TW = isect_offsets.shape
+    n_isects = flatten_ids.numel()
+    offs = isect_offsets.reshape(-1).tolist() + [n_isects]
+    xy_all = means2d.reshape(-1, 2)
+    con_all = conics.reshape(-1, 3)
+    op_all = opacities.reshape(-1)
+    for flat in range(B * TH * TW):
+        b, tile = divmod(flat, TH * TW)
+        ty, tx = divmod(tile, TW)
+        start, end = offs[flat], offs[flat + 1]
+        ys = torch.arange(ty * tile_size, min((ty + 1) * tile_size, height), device=means2d.device)
+        xs = torch.arange(tx * tile_size, min((tx + 1) * tile_size, width), device=means2d.device)
+        if len(ys) == 0 or len(xs) == 0:
+            continue
+        gy, gx = torch.meshgrid(ys, xs, indexing="ij")
+        pix = (gy * width + gx).reshape(-1)
+        ids = flatten_ids[start:end].long()
+        if end <= start:
+            yield b, pix, ids, torch.zeros(pix.numel(), 0, dtype=means2d.dtype), torch.ones(pix.numel(), dtype=means2d.dtype)
+            continue
+        p = torch.stack([gx.reshape(-1), gy.reshape(-1)], -1).to(means2d.dtype) + 0.5  # [P, 2]
+        delta = xy_all[ids][None, :, :] - p[:, None, :]  # [P, K, 2]
+        a, bb, c = con_all[ids].unbind(-1)
+        sigma = 0.5 * (a * delta[..., 0] ** 2 + c * delta[..., 1] ** 2) + bb * delta[..., 0] * delta[..., 1]
+        alpha = torch.clamp(op_all[ids] * torch.exp(-sigma), max=ALPHA_MAX)
+        alpha = torch.where((sigma >= 0) & (alpha >= ALPHA_MIN), alpha, torch.zeros_like(alpha))
+        t_after = torch.cumprod(1 - alpha, dim=1)
+        keep = (t_after > T_MIN).to(alpha.dtype)  # monotone: a prefix of each row
+        t_before = torch.cat([torch.ones_like(t_after[:, :1]), t_after[:, :-1]], dim=1)
+        w = alpha * t_before * keep
+        t_final = torch.prod(1 - alpha * keep, dim=1)
+        yield b, pix, ids, w, t_final
+
+
+def _ref_rasterize_to_pixels(
+    means2d: Tensor, conics: Tensor, features: Tensor, opacities: Tensor, depths: Tensor,
+    backgrounds: Optional[Tensor], width: int, height: int, tile_size: int,
+    isect_offsets: Tensor, flatten_ids: Tensor,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Reference of ``rasterize_to_pixels``: returns render [B,H,W,C], alpha, d1, d2 [B,H,W]."""
+    B, N, C = features.shape
+    feat_all = features.reshape(-1, C)
+    z_all = depths.reshape(-1)
+    render = [torch.zeros(height * width, C, dtype=features.dtype) for _ in range(B)]
+    alpha = [torch.zeros(height * width, dtype=features.dtype) for _ in range(B)]
+    d1 = [torch.zeros(height * width, dtype=features.dtype) for _ in range(B)]
+    d2 = [torch.zeros(height * width, dtype=features.dtype) for _ in range(B)]
+    for b, pix, ids, w, t_final in _ref_tile_contributions(
+        means2d, conics, opacities, width, height, tile_size, isect_offsets, flatten_ids
+    ):
+        out = w @ feat_all[ids] if ids.numel() else torch.zeros(pix.numel(), C, dtype=features.dtype)
+        if backgrounds is not None:
+            out = out + t_final[:, None] * backgrounds[b][None, :]
+        z = z_all[ids]
+        render[b] = render[b].index_put((pix,), out)
+        alpha[b] = alpha[b].index_put((pix,), 1 - t_final)
+        d1[b] = d1[b].index_put((pix,), (w * z).sum(1))
+        d2[b] = d2[b].index_put((pix,), (w * z * z).sum(1))
+    shape = (B, height, width)
+    return (
+        torch.stack(render).reshape(*shape, C),
+        torch.stack(alpha).reshape(shape),
+        torch.stack(d1).reshape(shape),
+        torch.stack(d2).reshape(shape),
+    )
+
+
+@torch.no_grad()
+def _ref_aggregate_sphere(
+    means2d: Tensor, conics: Tensor, opacities: Tensor, pixel_feats: Tensor, pixel_weights: Tensor,
+    mu: Tensor, delta: float, mode: int, tile_size: int, isect_offsets: Tensor, flatten_ids: Tensor,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Reference of ``aggregate_sphere``: enumerates every contribution explicitly."""
+    B, H, W, D = pixel_feats.shape
+    N = means2d.shape[1]
+    acc_w = torch.zeros(N, dtype=torch.float64)
+    acc_v = torch.zeros(N, D, dtype=torch.float64)
+    acc_raw = torch.zeros(N, dtype=torch.float64)
+    for b, pix, ids, w, _ in _ref_tile_contributions(
+        means2d, conics, opacities, W, H, tile_size, isect_offsets, flatten_ids
+    ):
+        pw = pixel_weights[b].reshape(-1)[pix]
+        w = (w * pw[:, None]).double()  # [P, K]
+        pi, ki = torch.nonzero(w > 0, as_tuple=True)
+        if pi.numel() == 0:
+            continue
+        g = ids[ki] % N
+        wk = w[pi, ki]
+        z = pixel_feats[b].reshape(-1, D)[pix[pi]].double()
+        acc_raw.index_add_(0, g, wk)
+        if mode == 0:
+            acc_w.index_add_(0, g, wk)
+            acc_v.index_add_(0, g, wk[:, None] * z)
+            continue
+        m = mu[g].double()
+        cosv = (m * z).sum(-1).clamp(-1, 1)
+        resid = z - cosv[:, None] * m
+        sinv = resid.norm(dim=-1)
+        theta = torch.atan2(sinv, cosv)
+        omega = torch.where(theta > delta, wk * delta / theta.clamp_min(1e-30), wk)
+        acc_w.index_add_(0, g, omega)
+        scale = torch.where(sinv > 1e-12, omega * theta / sinv.clamp_min(1e-30), torch.zeros_like(omega))
+        acc_v.index_add_(0, g, scale[:, None] * resid)
+    return acc_w.float(), acc_v.float(), acc_raw.float()

@@ -1,0 +1,69 @@
+"""``aggregate_sphere``: one pass of the per-Gaussian robust spherical mean (native op).
+
+For every contribution w = alpha_i T_i(u) * pixel_weights(u) of Gaussian i to pixel u
+with unit teacher feature z(u), accumulate (mode "init") sum w and sum w z, or (mode
+"irls") the Huber-IRLS tangent terms of one Frechet-mean step around ``mu``:
+omega = w * min(1, delta / theta), sum omega, sum omega Log_mu(z). No (pixel, Gaussian)
+pair is stored; the reference :func:`rh3dgs.ops._ref._ref_aggregate_sphere` enumerates them.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ..errors import ShapeError
+from ._backend import has_native_kernel, native_ops
+
+__all__ = ["aggregate_sphere"]
+
+_MODES = {"init": 0, "irls": 1}
+
+
+@torch.no_grad()
+def aggregate_sphere(
+    means2d: Tensor,
+    conics: Tensor,
+    opacities: Tensor,
+    pixel_feats: Tensor,
+    pixel_weights: Tensor,
+    isect_offsets: Tensor,
+    flatten_ids: Tensor,
+    tile_size: int,
+    mu: Optional[Tensor] = None,
+    delta: float = float("inf"),
+    mode: str = "irls",
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Accumulate per-Gaussian spherical statistics over all pixels of B views.
+
+    Args:
+        means2d, conics, opacities: [B, N, 2], [B, N, 3], [B, N] projected Gaussians.
+        pixel_feats:   [B, H, W, D] unit teacher features.
+        pixel_weights: [B, H, W] per-pixel reliability (VCD w_bar; 0 skips the pixel).
+        isect_offsets, flatten_ids: tile binning (:func:`rh3dgs.ops.isect_tiles`).
+        mu:    [N, D] current unit means (mode "irls"); ignored for "init".
+        delta: Huber threshold in radians (inf = Karcher / least squares).
+        mode:  "init" (weighted Euclidean sums) or "irls" (one Huber-IRLS step).
+
+    Returns:
+        acc_w [N] (sum of omega, or of w for "init"), acc_v [N, D] (sum omega Log_mu(z),
+        or sum w z for "init"), acc_raw [N] (sum of w).
+    """
+    if mode not in _MODES:
+        raise ShapeError(f"mode must be one of {sorted(_MODES)}, got {mode!r}")
+    B, N = means2d.shape[:2]
+    if pixel_feats.dim() != 4 or pixel_feats.shape[0] != B:
+        raise ShapeError(f"pixel_feats must be [B, H, W, D] with B={B}, got {list(pixel_feats.shape)}")
+    D = pixel_feats.shape[-1]
+    if mu is None:
+        mu = pixel_feats.new_zeros(N, D)
+    if mu.shape != (N, D):
+        raise ShapeError(f"mu must be [N, D] = {[N, D]}, got {list(mu.shape)}")
+    if means2d.is_cuda and not has_native_kernel("aggregate_sphere", means2d.device):
+        raise NotImplementedError("aggregate_sphere on CUDA needs rh3dgs built with RH3DGS_BUILD_CUDA=1")
+    return native_ops().aggregate_sphere(
+        means2d.float().contiguous(), conics.float().contiguous(), opacities.float().contiguous(),
+        pixel_feats.float().contiguous(), pixel_weights.float().contiguous(), mu.float().contiguous(),
+        float(delta), _MODES[mode], N, int(tile_size), isect_offsets.int().contiguous(), flatten_ids.int().contiguous(),
+    )

@@ -1,0 +1,88 @@
+"""Build rh3dgs and its native extension ``rh3dgs._C``.
+
+The CPU kernels (C++ / OpenMP) are always built. CUDA kernels are added according to
+``RH3DGS_BUILD_CUDA``:
+  auto (default) - build them when torch is a CUDA build, nvcc is found AND a GPU is visible
+                   (or TORCH_CUDA_ARCH_LIST is set, for building on a GPU-less machine);
+  1              - always build them (fails if the toolchain is missing);
+  0              - never build them.
+"""
+import glob
+import os
+import shutil
+
+from setuptools import find_packages, setup
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _want_cuda() -> bool:
+    flag = os.environ.get("RH3DGS_BUILD_CUDA", "auto").strip().lower()
+    if flag in ("0", "false", "no", "off"):
+        return False
+    import torch
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    toolchain = torch.version.cuda is not None and CUDA_HOME is not None and shutil.which("nvcc") is not None
+    if flag in ("1", "true", "yes", "on"):
+        if not toolchain:
+            raise RuntimeError("RH3DGS_BUILD_CUDA=1 but no CUDA build of torch or no nvcc was found")
+        return True
+    return toolchain and (torch.cuda.is_available() or bool(os.environ.get("TORCH_CUDA_ARCH_LIST")))
+
+
+def _extensions():
+    from torch.utils.cpp_extension import CppExtension, CUDAExtension
+
+    sources = ["csrc/ext.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
+    cxx = ["-O3", "-fopenmp"]
+    if _want_cuda():
+        sources += sorted(glob.glob("csrc/cuda/*.cu"))
+        return [
+            CUDAExtension(
+                "rh3dgs._C",
+                sources,
+                extra_compile_args={"cxx": cxx, "nvcc": ["-O3", "--use_fast_math"]},
+                extra_link_args=["-fopenmp"],
+            )
+        ]
+    return [CppExtension("rh3dgs._C", sources, extra_compile_args={"cxx": cxx}, extra_link_args=["-fopenmp"])]
+
+
+def _cmdclass():
+    from torch.utils.cpp_extension import BuildExtension
+
+    return {"build_ext": BuildExtension.with_options(use_ninja=True)}
+
+
+setup(
+    name="rh3dgs",
+    version="0.1.0",
+    description="Robust open-vocabulary semantic 3D Gaussian Splatting (Rh-3DGS) with CPU and CUDA kernels",
+    long_description=open(os.path.join(ROOT, "README.md")).read() if os.path.exists(os.path.join(ROOT, "README.md")) else "",
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["rh3dgs", "rh3dgs.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "torch>=2.4",
+        "numpy",
+        "scipy",
+        "plyfile>=1.0",
+        "pillow",
+        "geoopt>=0.5",
+        "rich",
+        "tqdm",
+        "pyyaml",
+    ],
+    extras_require={
+        "nerfstudio": ["nerfstudio==1.1.5", "gsplat==1.4.0"],
+        "clip": ["open_clip_torch"],
+        "test": ["pytest", "hypothesis"],
+    },
+    entry_points={
+        "console_scripts": ["rh3dgs=rh3dgs.cli:main"],
+    },
+    ext_modules=_extensions(),
+    cmdclass=_cmdclass(),
+    zip_safe=False,
+)

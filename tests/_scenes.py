@@ -1,0 +1,33 @@
+"""Small random scenes shared by the tests (deterministic given a seed)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rh3dgs.ops import isect_tiles
+
+
+def random_projected(B: int, N: int, C: int, width: int, height: int, tile_size: int = 16, seed: int = 0,
+                     dtype=torch.float32):
+    """Random 2D Gaussians already 'projected': returns a dict of rasterizer inputs."""
+    g = torch.Generator().manual_seed(seed)
+    means2d = torch.rand(B, N, 2, generator=g) * torch.tensor([width * 1.2, height * 1.2]) - torch.tensor(
+        [width * 0.1, height * 0.1])
+    # random SPD 2x2 covariances with std 1..6 px
+    s = 1.0 + 5.0 * torch.rand(B, N, 2, generator=g)
+    th = torch.rand(B, N, generator=g) * math.pi
+    c, si = torch.cos(th), torch.sin(th)
+    R = torch.stack([torch.stack([c, -si], -1), torch.stack([si, c], -1)], -2)
+    cov = R @ torch.diag_embed(s ** 2) @ R.transpose(-1, -2)
+    inv = torch.linalg.inv(cov)
+    conics = torch.stack([inv[..., 0, 0], inv[..., 0, 1], inv[..., 1, 1]], -1)
+    radii = torch.ceil(3 * s.max(-1).values).int()
+    opacities = 0.05 + 0.9 * torch.rand(B, N, generator=g)
+    depths = 1.0 + 4.0 * torch.rand(B, N, generator=g)
+    features = torch.randn(B, N, C, generator=g)
+    tw, th_ = math.ceil(width / tile_size), math.ceil(height / tile_size)
+    _, offsets, flatten_ids = isect_tiles(means2d, radii, depths, tile_size, tw, th_)
+    out = dict(means2d=means2d, conics=conics, features=features, opacities=opacities, depths=depths,
+               width=width, height=height, tile_size=tile_size, isect_offsets=offsets, flatten_ids=flatten_ids)
+    return {k: (v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in out.items()}
