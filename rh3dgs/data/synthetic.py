@@ -282,7 +282,7 @@ def write_dataset(scene: SyntheticScene, out_dir, progress: bool = True) -> Dict
         atomic_save_png(out / "masks" / f"{name}.png", lab.numpy())
         image_paths.append(out / "images" / f"{name}.png")
     save_ply(out / "scene.ply", scene.gaussians)
-    _save_point_cloud(out / "sparse_pc.ply", pc.means, (0.28209479177387814 * scene.gaussians.sh0[:, 0] + 0.5).clamp(0, 1))
+    _save_point_cloud(out / "sparse_pc.ply", scene.gaussians.means, (0.28209479177387814 * scene.gaussians.sh0[:, 0] + 0.5).clamp(0, 1))
     save_transforms(out / "transforms.json", cams, image_paths, extra={"ply_file_path": "sparse_pc.ply"})
     atomic_save_bytes(out / "classes.txt", ("\n".join(scene.class_names) + "\n").encode())
     return {"root": out, "transforms": out / "transforms.json", "scene_ply": out / "scene.ply"}

@@ -1,0 +1,43 @@
+# rh3dgs developer entry points. Everything lives in a project-local .venv.
+#   make install  - .venv with pinned deps + rh3dgs editable with its compiled extension (idempotent)
+#   make demo     - run the main job on the embedded synthetic scene, print where results are
+#   make test     - the test suite (CPU)
+#   make bench    - benchmarks with ratios (benchmarks/results/)
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+DEPS_STAMP := $(VENV)/.deps-installed
+EXT_STAMP := $(VENV)/.rh3dgs-built
+NATIVE_SRC := $(wildcard csrc/*.cpp csrc/*.h csrc/cpu/*.cpp csrc/cuda/*.cu)
+# CUDA kernels: auto = when a GPU and nvcc are present (see setup.py)
+RH3DGS_BUILD_CUDA ?= auto
+export RH3DGS_BUILD_CUDA
+
+.PHONY: install demo test test-fast bench clean
+
+install: $(EXT_STAMP)
+
+$(DEPS_STAMP): requirements.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade "pip>=24" wheel setuptools
+	$(PY) -m pip install -r requirements.txt
+	@touch $@
+
+$(EXT_STAMP): $(DEPS_STAMP) setup.py $(NATIVE_SRC)
+	MAX_JOBS=2 $(PY) -m pip install --no-build-isolation --no-deps -e .
+	@touch $@
+
+demo: install
+	$(VENV)/bin/rh3dgs demo --output outputs/demo
+
+test: install
+	$(PY) -m pytest -q tests
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow" tests
+
+bench: install
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf build *.egg-info rh3dgs/_C*.so outputs

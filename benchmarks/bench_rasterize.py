@@ -1,0 +1,77 @@
+"""Native CPU rasterizer vs the pure-torch reference: forward + backward, speed and peak memory.
+
+Scene: 20k Gaussians, one 256x256 view, 16 feature channels (issue 2's setting).
+Each backend runs in its own interpreter so that its peak RSS is its own.
+
+    python benchmarks/bench_rasterize.py            # both, prints ratios, writes results/
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine, orbit, peak_rss_mb, random_scene, run_isolated, timeit, write_results  # noqa: E402
+
+N, SIZE, C = 20_000, 256, 16
+
+
+def _inputs():
+    from rh3dgs.render import project
+
+    g = random_scene(N)
+    cams = orbit(1, SIZE)
+    with torch.no_grad():
+        p = project(g, cams)
+    feats = torch.randn(1, N, C, generator=torch.Generator().manual_seed(1))
+    return p, feats
+
+
+def measure(backend: str) -> dict:
+    from rh3dgs.ops import rasterize_to_pixels
+    from rh3dgs.ops._ref import _ref_rasterize_to_pixels
+
+    p, feats = _inputs()
+    base_rss = peak_rss_mb()
+
+    def step():
+        ins = [t.detach().clone().requires_grad_(True) for t in (p.means2d, p.conics, feats, p.opacities, p.depths)]
+        if backend == "native":
+            o = rasterize_to_pixels(*ins, SIZE, SIZE, p.tile_size, p.isect_offsets, p.flatten_ids)
+            outs = (o.render, o.alpha, o.d1, o.d2)
+        else:
+            outs = _ref_rasterize_to_pixels(*ins[:5], None, SIZE, SIZE, p.tile_size, p.isect_offsets, p.flatten_ids)
+        (outs[0].sum() + outs[1].sum() + outs[2].sum()).backward()
+
+    t = timeit(step, repeats=3 if backend == "native" else 1, warmup=1 if backend == "native" else 0)
+    return {"backend": backend, "fwd_bwd_s": t["median_s"], "peak_rss_mb": peak_rss_mb(),
+            "rss_over_setup_mb": peak_rss_mb() - base_rss, "n_isects": int(p.flatten_ids.numel())}
+
+
+def main() -> dict:
+    native = run_isolated(__file__, ["--only", "native"])
+    ref = run_isolated(__file__, ["--only", "reference"])
+    ratio = ref["fwd_bwd_s"] / native["fwd_bwd_s"]
+    payload = {"setting": {"gaussians": N, "size": SIZE, "channels": C}, "native": native, "reference": ref,
+               "speedup_native_vs_reference": ratio,
+               "memory_ratio_reference_vs_native": ref["rss_over_setup_mb"] / max(native["rss_over_setup_mb"], 1e-3),
+               "machine": machine()}
+    md = (f"# rasterize: native CPU op vs pure-torch reference\n\n{N} Gaussians, {SIZE}x{SIZE}, {C} channels, "
+          f"forward+backward, {native['n_isects']} tile intersections, {machine()['threads']} threads.\n\n"
+          "| backend | fwd+bwd (s) | peak RSS (MB) | RSS over setup (MB) |\n|---|---|---|---|\n"
+          f"| native | {native['fwd_bwd_s']:.3f} | {native['peak_rss_mb']:.0f} | {native['rss_over_setup_mb']:.0f} |\n"
+          f"| torch reference | {ref['fwd_bwd_s']:.3f} | {ref['peak_rss_mb']:.0f} | {ref['rss_over_setup_mb']:.0f} |\n\n"
+          f"**speed ratio (reference / native): {ratio:.1f}x**\n")
+    write_results("rasterize", payload, md)
+    print(md)
+    return payload
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--only":
+        print(json.dumps(measure(sys.argv[2])))
+    else:
+        main()

@@ -1,0 +1,28 @@
+"""File input / output: 3DGS PLY scenes, nerfstudio transforms.json cameras, atomic writes."""
+from __future__ import annotations
+
+from .atomic import (
+    atomic_save_bytes,
+    atomic_save_json,
+    atomic_save_npz,
+    atomic_save_png,
+    atomic_save_text,
+    atomic_write,
+)
+from .ply import SH_REST_COUNTS, load_ply, ply_field_names, save_ply
+from .transforms import load_transforms, save_transforms
+
+__all__ = [
+    "atomic_write",
+    "atomic_save_bytes",
+    "atomic_save_text",
+    "atomic_save_json",
+    "atomic_save_npz",
+    "atomic_save_png",
+    "load_ply",
+    "save_ply",
+    "ply_field_names",
+    "SH_REST_COUNTS",
+    "load_transforms",
+    "save_transforms",
+]

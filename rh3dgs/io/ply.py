@@ -1,0 +1,393 @@
+"""Read and write 3D Gaussian Splatting PLY files (the INRIA / nerfstudio layout).
+
+One ``vertex`` element, one row per Gaussian, all properties scalar::
+
+    x y z  [nx ny nz]  f_dc_0..2  f_rest_0..(3K-1)  opacity  scale_0..2  rot_0..3  [sem_0..sem_{d-1}]
+
+* ``f_dc_*`` are the degree-0 SH coefficients (``Gaussians.sh0``), ``f_rest_*`` the
+  higher ones (``Gaussians.shN``, K in {0, 3, 8, 15}) stored **channel-major**:
+  ``f_rest_{c*K + k}`` is coefficient k of colour channel c. This is what the original
+  3DGS code and ``ns-export gaussian-splat`` write (``shN.transpose(1, 2).reshape(N, 3K)``).
+* ``opacity`` is the logit, ``scale_*`` the log standard deviations, ``rot_*`` the
+  (w, x, y, z) quaternion, un-normalised - all stored raw, as optimised.
+* ``sem_*`` are rh3dgs' semantic latents (``Gaussians.latents``). Other 3DGS viewers
+  ignore unknown properties.
+* Every other vertex property (``nx ny nz``, colours, anything unknown) is kept in
+  ``Gaussians.extra`` with its original dtype and written back, so
+  ``save_ply(load_ply(p))`` reproduces every field bit for bit.
+
+Property order on writing: the standard fields in the order above; ``nx ny nz`` (when in
+``extra``) right after ``x y z`` as INRIA does; other extra properties after ``rot_3`` (in
+``extra``'s order, which :func:`load_ply` fills in file order); ``sem_*`` last. Files
+written by INRIA 3DGS, nerfstudio and rh3dgs therefore round-trip with identical headers;
+a file that had unknown properties elsewhere gets them moved, values unchanged.
+
+Loading accepts binary (either endianness) and ASCII PLY; standard fields stored as
+float64 or integers are converted to float32. Writing is always binary little-endian,
+float32 for the standard fields, and atomic (:func:`rh3dgs.io.atomic.atomic_write`).
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+from ..errors import NonFiniteError, PlyFormatError, ShapeError
+from ..gaussians import Gaussians
+from .atomic import atomic_write
+
+__all__ = ["load_ply", "save_ply", "ply_field_names", "SH_REST_COUNTS"]
+
+PathLike = Union[str, os.PathLike]
+
+#: number of ``f_rest_*`` properties -> K (higher SH coefficients per channel)
+SH_REST_COUNTS = {0: 0, 9: 3, 24: 8, 45: 15}
+_K_TO_DEGREE = {0: 0, 3: 1, 8: 2, 15: 3}
+
+_XYZ = ["x", "y", "z"]
+_NORMALS = ["nx", "ny", "nz"]
+_DC = ["f_dc_0", "f_dc_1", "f_dc_2"]
+_OPACITY = ["opacity"]
+_SCALE = ["scale_0", "scale_1", "scale_2"]
+_ROT = ["rot_0", "rot_1", "rot_2", "rot_3"]
+_REQUIRED = _XYZ + _DC + _OPACITY + _SCALE + _ROT
+
+_F_REST_RE = re.compile(r"^f_rest_(\d+)$")
+_SEM_RE = re.compile(r"^sem_(\d+)$")
+_RESERVED_RE = re.compile(r"^(f_dc|f_rest|sem)_\d+$")
+
+# PLY scalar types (numpy kind+size) that plyfile can write
+_PLY_DTYPES = {np.dtype(t) for t in ("i1", "u1", "i2", "u2", "i4", "u4", "f4", "f8")}
+
+
+def ply_field_names(sh_degree: int, n_latents: int = 0, *, normals: bool = False) -> List[str]:
+    """Property names, in order, of the ``vertex`` element :func:`save_ply` writes.
+
+    Args:
+        sh_degree: 0..3 (``f_rest`` count 0, 9, 24, 45).
+        n_latents: number of ``sem_*`` properties.
+        normals: include ``nx ny nz`` after ``x y z`` (as INRIA 3DGS writes them).
+    """
+    if sh_degree not in (0, 1, 2, 3):
+        raise ValueError(f"sh_degree must be 0, 1, 2 or 3, got {sh_degree}")
+    if n_latents < 0:
+        raise ValueError(f"n_latents must be >= 0, got {n_latents}")
+    k = (sh_degree + 1) ** 2 - 1
+    return (
+        _XYZ
+        + (_NORMALS if normals else [])
+        + _DC
+        + [f"f_rest_{i}" for i in range(3 * k)]
+        + _OPACITY
+        + _SCALE
+        + _ROT
+        + [f"sem_{i}" for i in range(n_latents)]
+    )
+
+
+# ---------------------------------------------------------------------------- loading
+def _numbered(names: Sequence[str], pattern: "re.Pattern[str]") -> Dict[int, str]:
+    out = {}
+    for n in names:
+        m = pattern.match(n)
+        if m:
+            out[int(m.group(1))] = n
+    return out
+
+
+def _check_layout(path: Path, element_names: Sequence[str], props: Sequence[Tuple[str, bool]]) -> Tuple[int, int]:
+    """Validate the vertex properties (name, is_list); returns (K, n_latents)."""
+    if "vertex" not in element_names:
+        found = ", ".join(repr(e) for e in element_names) or "none"
+        raise PlyFormatError(path, f"no 'vertex' element (elements found: {found}); not a 3DGS PLY", field="vertex")
+    names = [p for p, _ in props]
+    missing = [n for n in _REQUIRED if n not in names]
+    if missing:
+        hint = ""
+        if "packed_position" in names:
+            hint = " It looks like a compressed (SuperSplat) PLY; decompress it to the standard layout first."
+        elif {"red", "green", "blue"} <= set(names) and any(n.startswith("f_dc") for n in missing):
+            hint = (
+                " It stores colours as red/green/blue instead of SH coefficients; re-export with SH coefficients "
+                "(e.g. ns-export gaussian-splat --ply-color-mode sh_coeffs)."
+            )
+        elif "face" in element_names or len(missing) == len(_REQUIRED) - 3:
+            hint = " It looks like a mesh or point cloud, not a 3D Gaussian Splatting scene."
+        raise PlyFormatError(
+            path,
+            f"missing required 3DGS properties: {', '.join(missing)}.{hint}",
+            field="vertex",
+        )
+    for name, is_list in props:
+        if is_list:
+            raise PlyFormatError(path, "list properties are not supported in the vertex element", field=name)
+    rest = _numbered(names, _F_REST_RE)
+    if len(rest) not in SH_REST_COUNTS:
+        raise PlyFormatError(
+            path,
+            f"{len(rest)} f_rest_* properties; expected 0, 9, 24 or 45 (SH degree 0-3)",
+            field="f_rest",
+        )
+    if set(rest) != set(range(len(rest))):
+        gaps = sorted(set(range(len(rest))) - set(rest))
+        raise PlyFormatError(path, f"f_rest_* properties are not numbered 0..{len(rest) - 1} (missing {gaps[:5]})", field="f_rest")
+    sem = _numbered(names, _SEM_RE)
+    if set(sem) != set(range(len(sem))):
+        gaps = sorted(set(range(len(sem))) - set(sem))
+        raise PlyFormatError(path, f"sem_* properties are not numbered 0..{len(sem) - 1} (missing {gaps[:5]})", field="sem")
+    return SH_REST_COUNTS[len(rest)], len(sem)
+
+
+def _peek_header(path: Path, size: int):
+    """Parse only the header (fail fast on a mesh or a corrupt file before reading data).
+
+    Uses plyfile's header parser; returns None if this plyfile version lacks it.
+    """
+    from plyfile import PlyData, PlyListProperty
+
+    parse = getattr(PlyData, "_parse_header", None)
+    if parse is None:  # pragma: no cover - other plyfile versions
+        return None
+    with open(path, "rb") as f:
+        hdr = parse(f)
+    elements = list(hdr.elements)
+    for e in elements:
+        if e.count < 0 or e.count > size:  # every row needs at least one byte
+            raise PlyFormatError(path, f"header declares {e.count} {e.name!r} rows but the file has {size} bytes; truncated or corrupt", field=e.name)
+    names = [e.name for e in elements]
+    vertex = next((e for e in elements if e.name == "vertex"), None)
+    props = [] if vertex is None else [(p.name, isinstance(p, PlyListProperty)) for p in vertex.properties]
+    return names, props
+
+
+def _read(path: Path):
+    from plyfile import PlyData, PlyParseError
+
+    try:
+        size = path.stat().st_size
+        if size == 0:
+            raise PlyFormatError(path, "file is empty")
+        peek = _peek_header(path, size)
+        if peek is not None:
+            _check_layout(path, *peek)
+        return PlyData.read(str(path), mmap="c")
+    except PlyFormatError:
+        raise
+    except PlyParseError as e:
+        elt = getattr(getattr(e, "element", None), "name", None)
+        prop = getattr(getattr(e, "prop", None), "name", None)
+        if "end-of-file" in str(e):
+            msg = f"file is truncated or corrupt (ends early): {e}"
+        else:
+            msg = f"not a valid PLY file, or truncated / corrupt: {e}"
+        raise PlyFormatError(path, msg, field=prop or elt) from e
+    except (ValueError, TypeError, IndexError, KeyError, UnicodeDecodeError, EOFError, OverflowError) as e:
+        raise PlyFormatError(path, f"not a valid PLY file, or truncated / corrupt: {type(e).__name__}: {e}") from e
+    except OSError as e:
+        raise PlyFormatError(path, f"cannot read file: {e}") from e
+
+
+def _column(data: np.ndarray, name: str) -> np.ndarray:
+    """Copy one column out of the (memory-mapped) record array, native byte order."""
+    col = data[name]
+    return np.array(col, dtype=col.dtype.newbyteorder("="), copy=True)
+
+
+def _float_columns(path: Path, data: np.ndarray, names: Sequence[str]) -> np.ndarray:
+    """[N, len(names)] float32, after checking every value is finite."""
+    out = np.empty((len(data), len(names)), dtype=np.float32)
+    for j, name in enumerate(names):
+        col = _column(data, name)
+        if col.dtype.kind == "f":
+            bad = ~np.isfinite(col)
+            if bad.any():
+                first = int(np.flatnonzero(bad)[0])
+                raise PlyFormatError(
+                    path,
+                    f"{int(bad.sum())} non-finite value(s) (NaN/Inf) out of {len(col)}, first at vertex {first}",
+                    field=name,
+                )
+        out[:, j] = col
+    return out
+
+
+def load_ply(path: PathLike, device: Union[str, torch.device] = "cpu") -> Gaussians:
+    """Load a 3DGS PLY (INRIA / nerfstudio / rh3dgs layout, see the module doc).
+
+    Returns a :class:`Gaussians` on ``device`` with raw parameters; ``sem_*`` become
+    ``latents`` (float32), every other non-standard property goes to ``extra`` in file
+    order with its dtype. A file with zero Gaussians loads as an empty scene.
+
+    Raises :class:`PlyFormatError` (naming the file and, where it applies, the property)
+    if the file is missing, not a PLY, truncated or corrupt, has no ``vertex`` element,
+    lacks required 3DGS properties, has an f_rest count other than 0/9/24/45, or holds
+    NaN / Inf in any standard or ``sem_*`` property (``extra`` properties are not checked).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise PlyFormatError(path, "file not found")
+    if path.is_dir():
+        raise PlyFormatError(path, "is a directory, expected a .ply file")
+
+    ply = _read(path)
+    element_names = [e.name for e in ply.elements]
+    if "vertex" not in element_names:
+        _check_layout(path, element_names, [])
+    data = ply["vertex"].data
+    names = list(data.dtype.names or ())
+    props = [(n, data.dtype[n].hasobject or data.dtype[n].shape != ()) for n in names]
+    k, d = _check_layout(path, element_names, props)
+    n = len(data)
+
+    rest_names = [f"f_rest_{i}" for i in range(3 * k)]
+    sem_names = [f"sem_{i}" for i in range(d)]
+    std = _float_columns(path, data, _XYZ + _DC + rest_names + _OPACITY + _SCALE + _ROT)  # order of take() below
+    latents = _float_columns(path, data, sem_names) if d else None
+    used = set(_REQUIRED) | set(rest_names) | set(sem_names)
+    extra = {}
+    for name in names:
+        if name not in used:
+            extra[name] = torch.from_numpy(_column(data, name))
+    del data, ply  # release the memory map
+
+    c = 0
+
+    def take(m: int) -> torch.Tensor:
+        nonlocal c
+        t = torch.from_numpy(np.ascontiguousarray(std[:, c : c + m]))
+        c += m
+        return t
+
+    means = take(3)
+    sh0 = take(3).reshape(n, 1, 3)
+    shN = take(3 * k).reshape(n, 3, k).transpose(1, 2).contiguous()  # channel-major -> [N, K, 3]
+    opacities = take(1).reshape(n)
+    scales = take(3)
+    quats = take(4)
+    g = Gaussians(
+        means=means,
+        scales=scales,
+        quats=quats,
+        opacities=opacities,
+        sh0=sh0,
+        shN=shN,
+        latents=None if latents is None else torch.from_numpy(latents),
+        extra=extra,
+    )
+    return g if torch.device(device) == torch.device("cpu") else g.to(device)
+
+
+# ---------------------------------------------------------------------------- saving
+def _np(t: torch.Tensor) -> np.ndarray:
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        t = t.float()
+    return t.cpu().numpy()
+
+
+def _extra_column(path: Path, name: str, t: torch.Tensor, n: int) -> np.ndarray:
+    if not isinstance(t, torch.Tensor):
+        t = torch.as_tensor(t)
+    if tuple(t.shape) != (n,):
+        raise ShapeError(f"{path}: Gaussians.extra[{name!r}] must have shape [N]={[n]} to be written to a PLY, got {list(t.shape)}")
+    a = _np(t)
+    if a.dtype == np.bool_:
+        a = a.astype(np.uint8)
+    elif a.dtype == np.float16:
+        a = a.astype(np.float32)
+    elif a.dtype in (np.dtype(np.int64), np.dtype(np.uint64)):
+        target = np.dtype(np.int32) if a.dtype == np.int64 else np.dtype(np.uint32)
+        info = np.iinfo(target)
+        if a.size and (a.min() < info.min or a.max() > info.max):
+            raise PlyFormatError(path, f"64-bit integer values do not fit the PLY type {target} (PLY has no 64-bit integers)", field=name)
+        a = a.astype(target)
+    if a.dtype not in _PLY_DTYPES:
+        raise PlyFormatError(path, f"dtype {a.dtype} cannot be stored in a PLY", field=name)
+    return a
+
+
+def _check_name(path: Path, name: str) -> None:
+    if not isinstance(name, str) or not name or not name.isascii() or any(ch.isspace() for ch in name):
+        raise PlyFormatError(path, "extra property names must be non-empty ASCII without spaces", field=repr(name))
+    if name in _REQUIRED or _RESERVED_RE.match(name):
+        raise PlyFormatError(path, "extra property name collides with a standard 3DGS / rh3dgs property", field=name)
+
+
+def save_ply(path: PathLike, gaussians: Gaussians, mask: Optional[Union[torch.Tensor, np.ndarray]] = None) -> Path:
+    """Write ``gaussians`` (or the ``mask``-selected subset) as a binary little-endian 3DGS PLY.
+
+    Args:
+        path: output file, replaced atomically (parent folders are created).
+        gaussians: the scene, on any device.
+        mask: optional bool [N]; only Gaussians where it is True are written.
+
+    Returns ``Path(path)``. Layout and order: see the module doc and
+    :func:`ply_field_names`. ``extra`` tensors must be [N]; bool is written as uint8,
+    float16 / bfloat16 as float32, int64 / uint64 as int32 / uint32 (if the values fit).
+
+    Raises :class:`NonFiniteError` (before touching ``path``) if a standard field or the
+    latents hold NaN / Inf - such a file would not load; select the finite Gaussians with
+    ``mask`` instead. Raises :class:`ShapeError` for a wrong-sized ``mask`` / extra.
+    """
+    from plyfile import PlyData, PlyElement
+
+    path = Path(path)
+    g = gaussians
+    n_all = len(g)
+    if mask is not None:
+        m = torch.as_tensor(mask)
+        if m.dtype != torch.bool or tuple(m.shape) != (n_all,):
+            raise ShapeError(f"save_ply({path}): mask must be a bool tensor of shape [{n_all}], got {m.dtype} {list(m.shape)}")
+        g = g[m.to(g.device)]
+    n = len(g)
+    k = g.shN.shape[1]
+
+    std_blocks = [
+        (_XYZ, g.means),
+        (_DC, g.sh0.reshape(n, 3)),
+        ([f"f_rest_{i}" for i in range(3 * k)], g.shN.transpose(1, 2).reshape(n, 3 * k)),  # channel-major
+        (_OPACITY, g.opacities.reshape(n, 1)),
+        (_SCALE, g.scales),
+        (_ROT, g.quats),
+    ]
+    d = 0 if g.latents is None else g.latents.shape[1]
+    sem_block = ([f"sem_{i}" for i in range(d)], g.latents)
+
+    columns: Dict[str, np.ndarray] = {}
+    for names, t in std_blocks + ([sem_block] if d else []):
+        a = _np(t).astype(np.float32, copy=False).reshape(n, len(names))
+        bad = ~np.isfinite(a)
+        if bad.any():
+            j = int(np.flatnonzero(bad.any(axis=0))[0])
+            cnt = int(bad[:, j].sum())
+            raise NonFiniteError(
+                f"save_ply({path}): property '{names[j]}' has {cnt} non-finite value(s) (NaN/Inf); "
+                f"the file would not load. Drop those Gaussians with mask=..."
+            )
+        for j, name in enumerate(names):
+            columns[name] = a[:, j]
+
+    extras: Dict[str, np.ndarray] = {}
+    for name, t in g.extra.items():
+        _check_name(path, name)
+        extras[name] = _extra_column(path, name, t, n)
+
+    order = list(_XYZ)
+    order += [nm for nm in _NORMALS if nm in extras]
+    order += _DC + std_blocks[2][0] + _OPACITY + _SCALE + _ROT
+    order += [nm for nm in extras if nm not in _NORMALS]
+    order += sem_block[0]
+    columns.update(extras)
+
+    dtype = [(nm, columns[nm].dtype.newbyteorder("<")) for nm in order]
+    arr = np.empty(n, dtype=dtype)
+    for nm in order:
+        arr[nm] = columns[nm]
+    ply = PlyData([PlyElement.describe(arr, "vertex")], text=False, byte_order="<")
+    with atomic_write(path, "wb") as f:
+        ply.write(f)
+    return path

@@ -1,0 +1,409 @@
+"""PLY I/O: bit-exact round trips, INRIA compatibility, and clear errors on bad files."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from plyfile import PlyData, PlyElement
+
+from rh3dgs.errors import NonFiniteError, PlyFormatError, ShapeError
+from rh3dgs.gaussians import Gaussians
+from rh3dgs.io.ply import load_ply, ply_field_names, save_ply
+
+
+def wide_floats(rng: np.random.Generator, shape) -> np.ndarray:
+    """Finite float32 values spanning many magnitudes and both signs (incl. 0, -0, subnormals)."""
+    mant = rng.uniform(-1.0, 1.0, size=shape)
+    expo = rng.integers(-40, 38, size=shape).astype(np.float64)
+    a = (mant * 10.0**expo).astype(np.float32)
+    flat = a.reshape(-1)
+    if flat.size >= 4:
+        flat[0], flat[1], flat[2], flat[3] = 0.0, -0.0, np.float32(1e-45), np.finfo(np.float32).max
+    assert np.isfinite(a).all()
+    return a
+
+
+def random_gaussians(n: int, sh_degree: int, n_latents: int = 0, seed: int = 0, extra=None) -> Gaussians:
+    rng = np.random.default_rng(seed)
+    k = (sh_degree + 1) ** 2 - 1
+    t = lambda *s: torch.from_numpy(wide_floats(rng, s))  # noqa: E731
+    return Gaussians(
+        means=t(n, 3),
+        scales=t(n, 3),
+        quats=t(n, 4),
+        opacities=t(n),
+        sh0=t(n, 1, 3),
+        shN=t(n, k, 3),
+        latents=t(n, n_latents) if n_latents else None,
+        extra=dict(extra or {}),
+    )
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    an, bn = a.detach().cpu().numpy(), b.detach().cpu().numpy()
+    return an.dtype == bn.dtype and an.shape == bn.shape and an.tobytes() == bn.tobytes()
+
+
+def assert_bit_exact(g: Gaussians, h: Gaussians) -> None:
+    for name in ("means", "scales", "quats", "opacities", "sh0", "shN"):
+        assert same_bits(getattr(g, name), getattr(h, name)), name
+    if g.latents is None:
+        assert h.latents is None
+    else:
+        assert same_bits(g.latents, h.latents)
+    assert list(g.extra) == list(h.extra)
+    for k in g.extra:
+        assert same_bits(g.extra[k], h.extra[k]), k
+
+
+def vertex_names(path) -> list:
+    return [p.name for p in PlyData.read(str(path))["vertex"].properties]
+
+
+# ------------------------------------------------------------------ round trips
+@pytest.mark.parametrize("sh_degree", [0, 1, 2, 3])
+@pytest.mark.parametrize("n_latents", [0, 5])
+def test_round_trip_bit_exact(tmp_path, sh_degree, n_latents):
+    g = random_gaussians(37, sh_degree, n_latents, seed=sh_degree * 10 + n_latents)
+    p = tmp_path / "scene.ply"
+    assert save_ply(p, g) == p
+    h = load_ply(p)
+    assert h.sh_degree == sh_degree
+    assert_bit_exact(g, h)
+    assert vertex_names(p) == ply_field_names(sh_degree, n_latents)
+    # header: binary little-endian, float32 everywhere
+    raw = p.read_bytes()
+    header = raw[: raw.index(b"end_header")].decode("ascii")
+    assert "format binary_little_endian 1.0" in header
+    assert "element vertex 37" in header
+    assert all(line.startswith("property float ") for line in header.splitlines() if line.startswith("property"))
+    # second trip: byte-identical file
+    p2 = tmp_path / "again.ply"
+    save_ply(p2, h)
+    assert p2.read_bytes() == raw
+
+
+def test_round_trip_with_extra_fields_keeps_dtype_and_order(tmp_path):
+    n = 20
+    rng = np.random.default_rng(3)
+    extra = {
+        "nx": torch.from_numpy(wide_floats(rng, (n,))),
+        "ny": torch.zeros(n),
+        "nz": torch.from_numpy(wide_floats(rng, (n,))),
+        "red": torch.from_numpy(rng.integers(0, 256, n).astype(np.uint8)),
+        "my_id": torch.from_numpy(rng.integers(-(2**31), 2**31 - 1, n).astype(np.int32)),
+        "weight64": torch.from_numpy(rng.normal(size=n) * 1e200),  # float64 stays float64
+        "u16": torch.from_numpy(rng.integers(0, 2**16, n).astype(np.uint16)),
+    }
+    g = random_gaussians(n, 2, 4, seed=5, extra=extra)
+    p = tmp_path / "x.ply"
+    save_ply(p, g)
+    h = load_ply(p)
+    assert_bit_exact(g, h)
+    assert h.extra["weight64"].dtype == torch.float64
+    assert h.extra["red"].dtype == torch.uint8
+    names = vertex_names(p)
+    assert names[:6] == ["x", "y", "z", "nx", "ny", "nz"]
+    assert names[-4:] == ["sem_0", "sem_1", "sem_2", "sem_3"]
+    i_rot3 = names.index("rot_3")
+    assert names[i_rot3 + 1 : i_rot3 + 5] == ["red", "my_id", "weight64", "u16"]
+    props = {pp.name: pp.val_dtype for pp in PlyData.read(str(p))["vertex"].properties}
+    assert props["weight64"] == "f8" and props["red"] == "u1" and props["my_id"] == "i4" and props["u16"] == "u2"
+
+
+def test_mask_writes_only_selection(tmp_path):
+    g = random_gaussians(10, 1, 3, seed=1, extra={"nx": torch.arange(10, dtype=torch.float32)})
+    mask = torch.zeros(10, dtype=torch.bool)
+    mask[[1, 4, 9]] = True
+    p = tmp_path / "sel.ply"
+    save_ply(p, g, mask=mask)
+    h = load_ply(p)
+    assert len(h) == 3
+    assert_bit_exact(g[mask], h)
+    assert h.extra["nx"].tolist() == [1.0, 4.0, 9.0]
+    with pytest.raises(ShapeError):
+        save_ply(tmp_path / "bad.ply", g, mask=torch.ones(9, dtype=torch.bool))
+    with pytest.raises(ShapeError):
+        save_ply(tmp_path / "bad.ply", g, mask=torch.arange(10))
+    assert not (tmp_path / "bad.ply").exists()
+
+
+def test_zero_gaussians(tmp_path):
+    g = random_gaussians(0, 3, 2)
+    p = tmp_path / "empty.ply"
+    save_ply(p, g)
+    h = load_ply(p)
+    assert len(h) == 0 and h.shN.shape == (0, 15, 3) and h.latents.shape == (0, 2)
+
+
+def test_save_refuses_non_finite_and_keeps_old_file(tmp_path):
+    p = tmp_path / "s.ply"
+    save_ply(p, random_gaussians(5, 0))
+    before = p.read_bytes()
+    g = random_gaussians(5, 0, seed=9)
+    g.scales[2, 1] = float("inf")
+    with pytest.raises(NonFiniteError, match="scale_1"):
+        save_ply(p, g)
+    assert p.read_bytes() == before
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["s.ply"]
+
+
+def test_ply_field_names():
+    assert ply_field_names(0) == "x y z f_dc_0 f_dc_1 f_dc_2 opacity scale_0 scale_1 scale_2 rot_0 rot_1 rot_2 rot_3".split()
+    names = ply_field_names(3, 2, normals=True)
+    assert names[:6] == ["x", "y", "z", "nx", "ny", "nz"]
+    assert names[9:54] == [f"f_rest_{i}" for i in range(45)]
+    assert names[-2:] == ["sem_0", "sem_1"]
+    assert len(ply_field_names(1, 0)) == 14 + 9
+
+
+# ------------------------------------------------------------------ INRIA compatibility
+def write_inria_ply(path, xyz, f_dc, f_rest, opacities, scale, rotation):
+    """What the original 3DGS ``GaussianModel.save_ply`` does (plyfile, hand-built dtype).
+
+    f_dc: [N, 3, 1], f_rest: [N, 3, K] (INRIA keeps features as [N, K+1, 3] and writes
+    ``features.transpose(1, 2).flatten(start_dim=1)``), i.e. channel-major.
+    """
+    n = xyz.shape[0]
+    normals = np.zeros_like(xyz)
+    f_dc_flat = f_dc.reshape(n, -1)
+    f_rest_flat = f_rest.reshape(n, -1)
+    attrs = ["x", "y", "z", "nx", "ny", "nz"]
+    attrs += [f"f_dc_{i}" for i in range(f_dc_flat.shape[1])]
+    attrs += [f"f_rest_{i}" for i in range(f_rest_flat.shape[1])]
+    attrs += ["opacity"]
+    attrs += [f"scale_{i}" for i in range(scale.shape[1])]
+    attrs += [f"rot_{i}" for i in range(rotation.shape[1])]
+    dtype_full = [(a, "f4") for a in attrs]
+    elements = np.empty(n, dtype=dtype_full)
+    attributes = np.concatenate((xyz, normals, f_dc_flat, f_rest_flat, opacities, scale, rotation), axis=1)
+    elements[:] = list(map(tuple, attributes))
+    PlyData([PlyElement.describe(elements, "vertex")]).write(str(path))
+    return attrs
+
+
+def test_inria_compat(tmp_path):
+    n, k = 6, 15
+    rng = np.random.default_rng(7)
+    xyz = rng.normal(size=(n, 3)).astype(np.float32)
+    f_dc = rng.normal(size=(n, 3, 1)).astype(np.float32)
+    # f_rest[i, c, j] = 1000*i + 100*c + j  -> the value tells channel and coefficient
+    f_rest = (1000 * np.arange(n)[:, None, None] + 100 * np.arange(3)[None, :, None] + np.arange(k)[None, None, :]).astype(np.float32)
+    opac = rng.normal(size=(n, 1)).astype(np.float32)
+    scale = rng.normal(size=(n, 3)).astype(np.float32)
+    rot = rng.normal(size=(n, 4)).astype(np.float32)
+    p = tmp_path / "point_cloud.ply"
+    attrs = write_inria_ply(p, xyz, f_dc, f_rest, opac, scale, rot)
+
+    g = load_ply(p)
+    assert len(g) == n and g.sh_degree == 3
+    np.testing.assert_array_equal(g.means.numpy(), xyz)
+    np.testing.assert_array_equal(g.sh0.numpy(), f_dc.transpose(0, 2, 1))  # [N, 1, 3]
+    np.testing.assert_array_equal(g.opacities.numpy(), opac[:, 0])
+    np.testing.assert_array_equal(g.scales.numpy(), scale)
+    np.testing.assert_array_equal(g.quats.numpy(), rot)
+    # shN[i, j, c] is coefficient j of channel c
+    assert g.shN.shape == (n, 15, 3)
+    assert g.shN[2, 5, 1].item() == 2000 + 100 + 5
+    assert g.shN[4, 14, 2].item() == 4000 + 200 + 14
+    assert g.shN[0, 0, 0].item() == 0.0
+    np.testing.assert_array_equal(g.shN.numpy(), f_rest.transpose(0, 2, 1))
+    # file property f_rest_{c*K + k}
+    raw = PlyData.read(str(p))["vertex"]
+    assert raw["f_rest_" + str(1 * k + 5)][2] == 2105.0
+    assert list(g.extra) == ["nx", "ny", "nz"]
+    assert g.latents is None
+
+    out = tmp_path / "ours.ply"
+    save_ply(out, g)
+    assert vertex_names(out) == attrs
+    assert out.read_bytes() == p.read_bytes()  # identical bytes, header included
+
+    g.latents = torch.arange(n * 2, dtype=torch.float32).reshape(n, 2)
+    save_ply(out, g)
+    assert vertex_names(out) == attrs + ["sem_0", "sem_1"]
+    h = load_ply(out)
+    np.testing.assert_array_equal(h.latents.numpy(), np.arange(n * 2, dtype=np.float32).reshape(n, 2))
+    np.testing.assert_array_equal(PlyData.read(str(out))["vertex"]["f_rest_20"], f_rest[:, 1, 5])
+
+
+def test_loads_ascii_and_big_endian(tmp_path):
+    g = random_gaussians(4, 1, 2, seed=4)
+    p = tmp_path / "le.ply"
+    save_ply(p, g)
+    ply = PlyData.read(str(p))
+    be = tmp_path / "be.ply"
+    PlyData(ply.elements, text=False, byte_order=">").write(str(be))
+    assert_bit_exact(g, load_ply(be))
+    txt = tmp_path / "txt.ply"
+    PlyData(ply.elements, text=True).write(str(txt))
+    assert_bit_exact(g, load_ply(txt))  # %.18g round-trips float32
+
+
+# ------------------------------------------------------------------ bad inputs
+def _valid(tmp_path, n=50):
+    p = tmp_path / "valid.ply"
+    save_ply(p, random_gaussians(n, 2, 3))
+    return p
+
+
+def test_missing_file(tmp_path):
+    p = tmp_path / "nope.ply"
+    with pytest.raises(PlyFormatError, match="file not found") as ei:
+        load_ply(p)
+    assert str(p) in str(ei.value) and ei.value.path == p
+
+
+def test_truncated_file(tmp_path):
+    src = _valid(tmp_path)
+    raw = src.read_bytes()
+    for cut in (1, 100, len(raw) - raw.index(b"end_header") - 5, len(raw) - 20):
+        bad = tmp_path / f"cut{cut}.ply"
+        bad.write_bytes(raw[:-cut])
+        with pytest.raises(PlyFormatError) as ei:
+            load_ply(bad)
+        msg = str(ei.value)
+        assert str(bad) in msg
+        assert "truncated" in msg or "corrupt" in msg
+        if cut < 200:  # cut inside the vertex data
+            assert "truncated" in msg and ei.value.field == "vertex"
+
+
+def test_random_bytes_and_empty(tmp_path):
+    bad = tmp_path / "noise.ply"
+    bad.write_bytes(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes())
+    with pytest.raises(PlyFormatError, match="not a valid PLY") as ei:
+        load_ply(bad)
+    assert str(bad) in str(ei.value)
+    empty = tmp_path / "empty.ply"
+    empty.write_bytes(b"")
+    with pytest.raises(PlyFormatError, match="empty"):
+        load_ply(empty)
+    # a header claiming far more rows than the file holds
+    lie = tmp_path / "lie.ply"
+    lie.write_bytes(b"ply\nformat ascii 1.0\nelement vertex 999999999999\nproperty float x\nend_header\n1\n")
+    with pytest.raises(PlyFormatError, match="truncated or corrupt"):
+        load_ply(lie)
+
+
+def test_mesh_ply_without_3dgs_fields(tmp_path):
+    verts = np.array([(0, 0, 0), (1, 0, 0), (0, 1, 0)], dtype=[("x", "f4"), ("y", "f4"), ("z", "f4")])
+    faces = np.array([([0, 1, 2],)], dtype=[("vertex_indices", "i4", (3,))])
+    p = tmp_path / "mesh.ply"
+    PlyData([PlyElement.describe(verts, "vertex"), PlyElement.describe(faces, "face")]).write(str(p))
+    with pytest.raises(PlyFormatError) as ei:
+        load_ply(p)
+    msg = str(ei.value)
+    assert str(p) in msg and "missing required 3DGS properties" in msg and ei.value.field == "vertex"
+    for name in ("f_dc_0", "opacity", "scale_0", "rot_3"):
+        assert name in msg
+    assert "mesh" in msg
+
+    only_faces = tmp_path / "faces.ply"
+    PlyData([PlyElement.describe(faces, "face")]).write(str(only_faces))
+    with pytest.raises(PlyFormatError, match="no 'vertex' element") as ei:
+        load_ply(only_faces)
+    assert ei.value.field == "vertex"
+
+
+def test_bad_f_rest_count(tmp_path):
+    g = random_gaussians(3, 1)
+    p = tmp_path / "r.ply"
+    save_ply(p, g)
+    v = PlyData.read(str(p))["vertex"].data
+    keep = [nm for nm in v.dtype.names if nm != "f_rest_8"]
+    bad = tmp_path / "r8.ply"
+    packed = np.empty(len(v), dtype=[(nm, "f4") for nm in keep])
+    for nm in keep:
+        packed[nm] = v[nm]
+    PlyData([PlyElement.describe(packed, "vertex")]).write(str(bad))
+    with pytest.raises(PlyFormatError, match="8 f_rest_. properties") as ei:
+        load_ply(bad)
+    assert str(bad) in str(ei.value) and ei.value.field == "f_rest"
+
+
+@pytest.mark.parametrize("field,value", [("x", np.nan), ("scale_2", np.inf), ("f_rest_7", -np.inf), ("sem_1", np.nan)])
+def test_non_finite_field(tmp_path, field, value):
+    p = tmp_path / "v.ply"
+    save_ply(p, random_gaussians(8, 1, 2))
+    ply = PlyData.read(str(p), mmap=False)
+    data = ply["vertex"].data
+    data[field][[2, 5]] = value
+    bad = tmp_path / "nan.ply"
+    PlyData([PlyElement.describe(data, "vertex")]).write(str(bad))
+    with pytest.raises(PlyFormatError) as ei:
+        load_ply(bad)
+    msg = str(ei.value)
+    assert str(bad) in msg and f"[{field}]" in msg and "2 non-finite" in msg and "first at vertex 2" in msg
+    assert ei.value.field == field
+
+
+def test_nan_in_extra_field_is_kept(tmp_path):
+    g = random_gaussians(4, 0, extra={"nx": torch.tensor([0.0, float("nan"), 1.0, 2.0])})
+    p = tmp_path / "e.ply"
+    save_ply(p, g)
+    h = load_ply(p)
+    assert torch.isnan(h.extra["nx"][1]) and h.extra["nx"][3].item() == 2.0
+
+
+def test_bad_extra_names_and_shapes(tmp_path):
+    with pytest.raises(PlyFormatError, match="collides"):
+        save_ply(tmp_path / "a.ply", random_gaussians(2, 0, extra={"sem_0": torch.zeros(2)}))
+    with pytest.raises(PlyFormatError, match="ASCII"):
+        save_ply(tmp_path / "a.ply", random_gaussians(2, 0, extra={"a b": torch.zeros(2)}))
+    with pytest.raises(ShapeError, match="extra"):
+        save_ply(tmp_path / "a.ply", random_gaussians(2, 0, extra={"v": torch.zeros(2, 3)}))
+    with pytest.raises(PlyFormatError, match="64-bit"):
+        save_ply(tmp_path / "a.ply", random_gaussians(2, 0, extra={"big": torch.tensor([0, 2**40])}))
+    assert not (tmp_path / "a.ply").exists()
+    # representable conversions: bool -> uint8, int64 -> int32
+    save_ply(tmp_path / "b.ply", random_gaussians(2, 0, extra={"flag": torch.tensor([True, False]), "i": torch.tensor([-3, 7])}))
+    h = load_ply(tmp_path / "b.ply")
+    assert h.extra["flag"].dtype == torch.uint8 and h.extra["flag"].tolist() == [1, 0]
+    assert h.extra["i"].dtype == torch.int32 and h.extra["i"].tolist() == [-3, 7]
+
+
+def test_compressed_and_rgb_hints(tmp_path):
+    v = np.zeros(2, dtype=[("x", "f4"), ("y", "f4"), ("z", "f4"), ("red", "u1"), ("green", "u1"), ("blue", "u1"),
+                           ("opacity", "f4"), ("scale_0", "f4"), ("scale_1", "f4"), ("scale_2", "f4"),
+                           ("rot_0", "f4"), ("rot_1", "f4"), ("rot_2", "f4"), ("rot_3", "f4")])
+    p = tmp_path / "rgb.ply"
+    PlyData([PlyElement.describe(v, "vertex")]).write(str(p))
+    with pytest.raises(PlyFormatError, match="red/green/blue"):
+        load_ply(p)
+
+
+def test_lazy_package_exports(tmp_path):
+    import rh3dgs
+
+    p = tmp_path / "pkg.ply"
+    rh3dgs.save_ply(p, random_gaussians(3, 0))
+    assert len(rh3dgs.load_ply(p)) == 3
+
+
+def test_nerfstudio_exporter_layout(tmp_path):
+    """Header + data the way ``ns-export gaussian-splat`` writes them (by hand, with comments)."""
+    n, k = 4, 3
+    rng = np.random.default_rng(11)
+    shs_rest = rng.normal(size=(n, k, 3)).astype(np.float32)  # splatfacto keeps [N, K, 3]
+    cols = {"x": rng.normal(size=n), "y": rng.normal(size=n), "z": rng.normal(size=n)}
+    cols.update({nm: np.zeros(n) for nm in ("nx", "ny", "nz")})
+    cols.update({f"f_dc_{i}": rng.normal(size=n) for i in range(3)})
+    rest = shs_rest.transpose(0, 2, 1).reshape(n, -1)  # exporter: shs_rest.transpose(1, 2).reshape(n, -1)
+    cols.update({f"f_rest_{i}": rest[:, i] for i in range(3 * k)})
+    cols["opacity"] = rng.normal(size=n)
+    cols.update({f"scale_{i}": rng.normal(size=n) for i in range(3)})
+    cols.update({f"rot_{i}": rng.normal(size=n) for i in range(4)})
+    header = "ply\nformat binary_little_endian 1.0\ncomment Generated by Nerstudio 1.1.5\ncomment Vertical Axis: z\n"
+    header += f"element vertex {n}\n" + "".join(f"property float {nm}\n" for nm in cols) + "end_header\n"
+    body = np.stack([np.asarray(v, np.float32) for v in cols.values()], axis=1).astype("<f4").tobytes()
+    p = tmp_path / "splat.ply"
+    p.write_bytes(header.encode("ascii") + body)
+
+    g = load_ply(p)
+    np.testing.assert_array_equal(g.shN.numpy(), shs_rest)
+    np.testing.assert_array_equal(g.quats.numpy(), np.stack([cols[f"rot_{i}"] for i in range(4)], 1).astype(np.float32))
+    out = tmp_path / "out.ply"
+    save_ply(out, g)
+    assert vertex_names(out) == list(cols)
+    assert out.read_bytes().endswith(body)  # same data; only the comments are not kept
