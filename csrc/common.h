@@ -18,8 +18,11 @@ namespace rh3dgs {
 constexpr float kAlphaMin = 1.0f / 255.0f;
 constexpr float kAlphaMax = 0.999f;
 constexpr float kTransmittanceMin = 1e-4f;
+// opacity <= 1, so sigma > kSigmaSkip implies alpha <= exp(-5.55) < 1/255: skip without exp().
+// (A margin above log(255) = 5.5413 keeps the decision identical to the alpha test.)
+constexpr float kSigmaSkip = 5.55f;
 
-// Returns sigma of a Gaussian at a pixel (sigma < 0 means "skip").
+// Returns sigma of a Gaussian at a pixel (sigma < 0 or sigma > kSigmaSkip means "skip").
 RH_HD float gauss_sigma(float a, float b, float c, float dx, float dy) {
   return 0.5f * (a * dx * dx + c * dy * dy) + b * dx * dy;
 }

@@ -93,7 +93,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_cpu(
             const int64_t g = fids[i];
             const float dx = xy[2 * g] - fx, dy = xy[2 * g + 1] - fy;
             const float sigma = gauss_sigma(con[3 * g], con[3 * g + 1], con[3 * g + 2], dx, dy);
-            if (sigma < 0.0f) continue;
+            if (sigma < 0.0f || sigma > kSigmaSkip) continue;
             const float a = std::min(kAlphaMax, opac[g] * std::exp(-sigma));
             if (a < kAlphaMin) continue;
             const float next_T = T * (1.0f - a);
@@ -105,25 +105,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_cpu(
             acc_raw[gi] += w;
             if (mode == 0) {
               acc_w[gi] += w;
+#pragma omp simd
               for (int64_t d = 0; d < D; ++d) v[d] += w * z[d];
               continue;
             }
             const float* mi = m + gi * D;
             float cosv = 0.0f;
+#pragma omp simd reduction(+ : cosv)
             for (int64_t d = 0; d < D; ++d) cosv += mi[d] * z[d];
             cosv = std::max(-1.0f, std::min(1.0f, cosv));
-            // theta via the residual norm for accuracy near 0 (|z - cos mu| = sin theta)
-            float r2 = 0.0f;
-            for (int64_t d = 0; d < D; ++d) {
-              const float rd = z[d] - cosv * mi[d];
-              r2 += rd * rd;
-            }
-            const float sinv = std::sqrt(r2);
+            // |z| = |mu| = 1: sin(theta) = sqrt(1 - cos^2). Its rounding near theta = 0 only
+            // perturbs theta / sin(theta) = 1 + O(theta^2), so the tangent step stays accurate.
+            const float sinv = std::sqrt(std::max(0.0f, 1.0f - cosv * cosv));
             const float theta = std::atan2(sinv, cosv);
             const float omega = (theta > fdelta) ? w * fdelta / theta : w;
             acc_w[gi] += omega;
-            if (sinv < 1e-12f) continue;  // Log_mu(z) = 0 at z = mu (antipode: direction undefined)
-            const float scale = omega * theta / sinv;
+            // theta / sin(theta) -> 1 as theta -> 0 (at the antipode z - cos mu = 0 anyway)
+            const float scale = (sinv > 1e-12f) ? omega * theta / sinv : omega;
+#pragma omp simd
             for (int64_t d = 0; d < D; ++d) v[d] += scale * (z[d] - cosv * mi[d]);
           }
         }

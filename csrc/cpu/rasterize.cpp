@@ -120,7 +120,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
           for (int64_t k = 0; k < K; ++k) {
             const float dx = lx[k] - fx, dy = ly[k] - fy;
             const float sigma = gauss_sigma(la[k], lb[k], lc[k], dx, dy);
-            if (sigma < 0.0f) continue;
+            if (sigma < 0.0f || sigma > kSigmaSkip) continue;
             const float a = std::min(kAlphaMax, lo[k] * std::exp(-sigma));
             if (a < kAlphaMin) continue;
             const float next_T = T * (1.0f - a);
@@ -216,7 +216,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
             const float a_ = con[3 * g], b_ = con[3 * g + 1], c_ = con[3 * g + 2];
             const float dx = xy[2 * g] - fx, dy = xy[2 * g + 1] - fy;
             const float sigma = gauss_sigma(a_, b_, c_, dx, dy);
-            if (sigma < 0.0f) continue;
+            if (sigma < 0.0f || sigma > kSigmaSkip) continue;
             const float vis = std::exp(-sigma);
             const float o = opac[g];
             const float a = std::min(kAlphaMax, o * vis);

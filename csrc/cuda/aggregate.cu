@@ -34,7 +34,7 @@ __global__ void aggregate_sphere_kernel(const float* __restrict__ xy, const floa
     const int64_t g = fids[i];
     const float dx = xy[2 * g] - fx, dy = xy[2 * g + 1] - fy;
     const float sigma = gauss_sigma(con[3 * g], con[3 * g + 1], con[3 * g + 2], dx, dy);
-    if (sigma < 0.0f) continue;
+    if (sigma < 0.0f || sigma > kSigmaSkip) continue;
     const float a = fminf(kAlphaMax, opac[g] * __expf(-sigma));
     if (a < kAlphaMin) continue;
     const float next_T = T * (1.0f - a);
@@ -53,17 +53,11 @@ __global__ void aggregate_sphere_kernel(const float* __restrict__ xy, const floa
     float cosv = 0.0f;
     for (int64_t d = 0; d < D; ++d) cosv += mi[d] * z[d];
     cosv = fmaxf(-1.0f, fminf(1.0f, cosv));
-    float r2 = 0.0f;
-    for (int64_t d = 0; d < D; ++d) {
-      const float rd = z[d] - cosv * mi[d];
-      r2 += rd * rd;
-    }
-    const float sinv = sqrtf(r2);
+    const float sinv = sqrtf(fmaxf(0.0f, 1.0f - cosv * cosv));  // |z| = |mu| = 1 (see the CPU twin)
     const float theta = atan2f(sinv, cosv);
     const float omega = (theta > delta) ? w * delta / theta : w;
     atomicAdd(acc_w + gi, omega);
-    if (sinv < 1e-12f) continue;
-    const float scale = omega * theta / sinv;
+    const float scale = (sinv > 1e-12f) ? omega * theta / sinv : omega;
     for (int64_t d = 0; d < D; ++d) atomicAdd(v + d, scale * (z[d] - cosv * mi[d]));
   }
 }

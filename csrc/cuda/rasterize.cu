@@ -40,7 +40,7 @@ __global__ void rasterize_fwd_kernel(const float* __restrict__ xy, const float* 
     const int64_t g = fids[i];
     const float dx = xy[2 * g] - fx, dy = xy[2 * g + 1] - fy;
     const float sigma = gauss_sigma(con[3 * g], con[3 * g + 1], con[3 * g + 2], dx, dy);
-    if (sigma < 0.0f) continue;
+    if (sigma < 0.0f || sigma > kSigmaSkip) continue;
     const float a = fminf(kAlphaMax, opac[g] * __expf(-sigma));
     if (a < kAlphaMin) continue;
     const float next_T = T * (1.0f - a);
@@ -92,7 +92,7 @@ __global__ void rasterize_bwd_kernel(const float* __restrict__ xy, const float* 
     const float a_ = con[3 * g], b_ = con[3 * g + 1], c_ = con[3 * g + 2];
     const float dx = xy[2 * g] - fx, dy = xy[2 * g + 1] - fy;
     const float sigma = gauss_sigma(a_, b_, c_, dx, dy);
-    if (sigma < 0.0f) continue;
+    if (sigma < 0.0f || sigma > kSigmaSkip) continue;
     const float vis = __expf(-sigma);
     const float o = opac[g];
     const float a = fminf(kAlphaMax, o * vis);

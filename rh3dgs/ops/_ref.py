@@ -125,6 +125,6 @@ def _ref_aggregate_sphere(
         theta = torch.atan2(sinv, cosv)
         omega = torch.where(theta > delta, wk * delta / theta.clamp_min(1e-30), wk)
         acc_w.index_add_(0, g, omega)
-        scale = torch.where(sinv > 1e-12, omega * theta / sinv.clamp_min(1e-30), torch.zeros_like(omega))
+        scale = torch.where(sinv > 1e-12, omega * theta / sinv.clamp_min(1e-30), omega)
         acc_v.index_add_(0, g, scale[:, None] * resid)
     return acc_w.float(), acc_v.float(), acc_raw.float()

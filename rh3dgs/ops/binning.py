@@ -68,10 +68,11 @@ def isect_tiles(
     ty = tmin[..., 1].reshape(-1)[gid] + local // ext_x
     cam = gid // N
     tile_key = cam * n_tiles + ty * tile_width + tx  # global tile index
-    # Sort by depth first, then stably by tile: front-to-back inside each tile.
-    d = depths.reshape(-1)[gid]
-    order = torch.argsort(d, stable=True)
-    order = order[torch.argsort(tile_key[order], stable=True)]
+    # One sort on gsplat's key: (global tile) << 32 | float bits of the depth. Depths of
+    # visible Gaussians are > 0, where IEEE-754 bit patterns order like the values.
+    d = depths.reshape(-1)[gid].float().contiguous()
+    key = (tile_key << 32) | d.view(torch.int32).to(torch.int64)
+    order = torch.sort(key).indices
     flatten_ids = gid[order].int()
     tile_counts = torch.bincount(tile_key, minlength=B * n_tiles)
     offsets = (torch.cumsum(tile_counts, 0) - tile_counts).int().reshape(B, tile_height, tile_width)

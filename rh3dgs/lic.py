@@ -1,0 +1,337 @@
+"""LIC: Lightweight Instance Consistency contrast over a radius graph of Gaussian centres.
+
+* Radius graph: for every Gaussian the (at most ``max_neighbors``) nearest other centres
+  within distance ``gamma`` (k-d tree, O(N log N)).
+* Pseudo-instances: spherical (cosine) k-means of the current semantic features,
+  refreshed every ``refresh_every`` steps after the warm-up.
+* Loss, for a batch of anchors ``a`` (sampled among Gaussians that have a positive)::
+
+      P(a) = { j in N_gamma(a) : sem(j) = sem(a) }                  positives
+      Q(a) = (N_gamma(a) \\ P(a))  U  {R random Gaussians with sem != sem(a)}   negatives
+      s_aj = cos(f_a, f_j) / tau
+      L_a  = -1/|P(a)| sum_{p in P(a)} log( exp(s_ap) / sum_{j in P(a) U Q(a)} exp(s_aj) )
+      L    = mean over anchors with |P(a)| > 0
+
+  (the multi-positive "SupCon L_out" form). Before ``warmup_steps`` the loss is an exact
+  zero that keeps the autograd graph.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from scipy.spatial import cKDTree
+
+from .errors import ConfigError, NonFiniteError, ShapeError
+
+__all__ = ["LICConfig", "radius_graph", "spherical_kmeans", "pseudo_instances", "LICLoss"]
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class LICConfig:
+    """Settings of the LIC contrastive loss."""
+
+    radius: float = 0.05
+    """gamma: neighbourhood radius in world units (scene-scale dependent; nerfstudio
+    normalises scenes to roughly [-1, 1])."""
+    max_neighbors: int = 16
+    """Cap on neighbours per Gaussian (the nearest ones are kept)."""
+    num_anchors: int = 1024
+    """Anchors sampled per step (without replacement, among Gaussians with a positive)."""
+    num_random_negatives: int = 64
+    """Random Gaussians per anchor added as negatives (those sharing the anchor's
+    pseudo-instance are masked out)."""
+    temperature: float = 0.1
+    """tau in the InfoNCE logits cos / tau."""
+    num_clusters: int = 32
+    """Number of pseudo-instances (k of the spherical k-means)."""
+    kmeans_iters: int = 20
+    """Lloyd iterations of the spherical k-means."""
+    kmeans_max_points: int = 200_000
+    """The k-means is fitted on at most this many random Gaussians, then all are assigned."""
+    cluster_position_weight: float = 0.0
+    """0: cluster features only. > 0: append ``weight * (p - mean) / rms_radius`` to the
+    normalised features before the (cosine) clustering, so pseudo-instances are also
+    spatially compact."""
+    refresh_every: int = 1000
+    """Rebuild graph and pseudo-instances every this many steps (and whenever N changes)."""
+    warmup_steps: int = 5000
+    """LIC is off (exact 0) before this step."""
+    seed: int = 0
+    """Seed of the anchor / negative sampling and of the k-means."""
+    kdtree_workers: int = 1
+    """Threads for the k-d tree queries (-1 = all cores)."""
+
+    def __post_init__(self) -> None:
+        if not self.radius > 0:
+            raise ConfigError(f"LICConfig.radius must be > 0, got {self.radius}")
+        if not self.temperature > 0:
+            raise ConfigError(f"LICConfig.temperature must be > 0, got {self.temperature}")
+        for name in ("max_neighbors", "num_anchors", "num_clusters", "refresh_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"LICConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("num_random_negatives", "kmeans_iters", "warmup_steps"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"LICConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.kmeans_max_points < 1:
+            raise ConfigError(f"LICConfig.kmeans_max_points must be >= 1, got {self.kmeans_max_points}")
+        if self.cluster_position_weight < 0:
+            raise ConfigError(f"LICConfig.cluster_position_weight must be >= 0, got {self.cluster_position_weight}")
+
+
+def radius_graph(means: Tensor, radius: float, max_neighbors: int, workers: int = 1) -> Tensor:
+    """Capped radius graph over points with a k-d tree.
+
+    Args:
+        means: [N, 3] (any [N, C]) point positions.
+        radius: include neighbours with distance <= radius.
+        max_neighbors: keep at most this many (the nearest) neighbours per point.
+        workers: threads for scipy's query.
+    Returns:
+        [N, max_neighbors] long on ``means.device``: neighbour indices sorted by distance,
+        padded with -1; a point is never its own neighbour (duplicates of it are).
+    """
+    if means.dim() != 2:
+        raise ShapeError(f"radius_graph: means must be [N, 3], got {list(means.shape)}")
+    if not radius > 0:
+        raise ConfigError(f"radius_graph: radius must be > 0, got {radius}")
+    if max_neighbors < 1:
+        raise ConfigError(f"radius_graph: max_neighbors must be >= 1, got {max_neighbors}")
+    N = means.shape[0]
+    out = torch.full((N, max_neighbors), -1, dtype=torch.long)
+    if N <= 1:
+        return out.to(means.device)
+    pts = means.detach().to("cpu", torch.float64).numpy()
+    if not np.isfinite(pts).all():
+        raise NonFiniteError("radius_graph: means contain NaN/Inf")
+    k = min(max_neighbors + 1, N)
+    tree = cKDTree(pts)
+    # scipy's bound is strict (d < bound): nudge it up so that d == radius is included
+    _, idx = tree.query(pts, k=k, distance_upper_bound=float(np.nextafter(radius, np.inf)), workers=workers)
+    idx = np.asarray(idx).reshape(N, k)
+    keep = (idx < N) & (idx != np.arange(N)[:, None])
+    order = np.argsort(~keep, axis=1, kind="stable")  # kept entries first, distance order preserved
+    cols = np.take_along_axis(np.where(keep, idx, -1), order, axis=1)[:, :max_neighbors]
+    out[:, : cols.shape[1]] = torch.from_numpy(cols.astype(np.int64))
+    return out.to(means.device)
+
+
+def spherical_kmeans(
+    x: Tensor, num_clusters: int, seed: int = 0, iters: int = 20, max_points: int = 200_000
+) -> Tuple[Tensor, Tensor]:
+    """Cosine k-means with k-means++ seeding; deterministic for a given seed.
+
+    Seeding draws centres with probability proportional to ``1 - cos`` to the nearest
+    chosen centre (= squared chord distance / 2, i.e. the k-means++ D^2 rule on the sphere).
+    Lloyd steps assign by max cosine and set centres to the normalised member sums; an
+    empty cluster is re-seeded with the point worst served by its centre.
+
+    Args:
+        x: [N, d] features (normalised internally; no gradient).
+        num_clusters: k (clipped to N).
+        seed: seed of the CPU generator driving every random choice.
+        iters: maximum Lloyd iterations (stops early when labels stop changing).
+        max_points: fit on a random subset of at most this many rows, then assign all.
+    Returns:
+        ``(labels [N] long, centres [k, d] unit)`` on ``x.device``.
+    """
+    if x.dim() != 2:
+        raise ShapeError(f"spherical_kmeans: x must be [N, d], got {list(x.shape)}")
+    N, d = x.shape
+    if N == 0:
+        return torch.zeros(0, dtype=torch.long, device=x.device), x.new_zeros(0, d)
+    if num_clusters < 1:
+        raise ConfigError(f"spherical_kmeans: num_clusters must be >= 1, got {num_clusters}")
+    with torch.no_grad():
+        xn = F.normalize(x.detach().float(), dim=-1)
+        if not torch.isfinite(xn).all():
+            raise NonFiniteError("spherical_kmeans: x contains NaN/Inf")
+        g = torch.Generator().manual_seed(int(seed))
+        fit = xn
+        if N > max_points:
+            fit = xn[torch.randperm(N, generator=g)[:max_points].to(x.device)]
+        n = fit.shape[0]
+        k = min(int(num_clusters), n)
+
+        # k-means++ seeding
+        first = int(torch.randint(n, (1,), generator=g).item())
+        centres = [fit[first]]
+        dmin = (1.0 - fit @ fit[first]).clamp_min(0.0)
+        for _ in range(1, k):
+            cum = torch.cumsum(dmin.double(), 0)
+            total = float(cum[-1].item())
+            u = float(torch.rand((), generator=g, dtype=torch.float64).item())
+            if total > 0:
+                j = int(torch.searchsorted(cum, torch.tensor([u * total], dtype=torch.float64, device=cum.device)).item())
+                j = min(j, n - 1)
+            else:  # all points coincide with the chosen centres
+                j = int(u * n) % n
+            centres.append(fit[j])
+            dmin = torch.minimum(dmin, (1.0 - fit @ fit[j]).clamp_min(0.0))
+        C = torch.stack(centres)
+
+        labels = None
+        for _ in range(iters):
+            sim = fit @ C.T
+            best, new = sim.max(1)
+            if labels is not None and torch.equal(new, labels):
+                break
+            labels = new
+            sums = torch.zeros_like(C).index_add_(0, labels, fit)
+            counts = torch.bincount(labels, minlength=k)
+            empty = torch.nonzero(counts == 0).flatten()
+            C = torch.where((counts > 0)[:, None], F.normalize(sums, dim=-1), C)
+            if empty.numel() > 0:  # re-seed with the worst-served points
+                worst = torch.argsort(best)[: empty.numel()]
+                C[empty] = fit[worst]
+        labels = (xn @ C.T).argmax(1)
+    return labels, C
+
+
+def pseudo_instances(
+    features: Tensor,
+    num_clusters: int,
+    seed: int = 0,
+    iters: int = 20,
+    positions: Optional[Tensor] = None,
+    position_weight: float = 0.0,
+    max_points: int = 200_000,
+) -> Tensor:
+    """Pseudo-instance labels of Gaussians by spherical k-means of their features.
+
+    With ``positions`` [N, 3] and ``position_weight > 0`` the clustered vectors are
+    ``normalize([normalize(f), position_weight * (p - mean(p)) / rms_radius])`` so that a
+    label also prefers spatially compact groups (rms_radius = sqrt(mean |p - mean|^2)).
+
+    Args:
+        features: [N, d]; num_clusters: k; seed, iters, max_points: see :func:`spherical_kmeans`.
+    Returns:
+        [N] long labels in ``0..k-1``.
+    """
+    if features.dim() != 2:
+        raise ShapeError(f"pseudo_instances: features must be [N, d], got {list(features.shape)}")
+    x = F.normalize(features.detach().float(), dim=-1)
+    if positions is not None and position_weight > 0:
+        if positions.dim() != 2 or positions.shape[0] != features.shape[0]:
+            raise ShapeError(f"pseudo_instances: positions must be [N, 3], got {list(positions.shape)}")
+        p = positions.detach().float().to(x.device)
+        p = p - p.mean(0, keepdim=True)
+        rms = p.pow(2).sum(-1).mean().sqrt().clamp_min(1e-12)
+        x = torch.cat([x, position_weight * p / rms], dim=-1)
+    labels, _ = spherical_kmeans(x, num_clusters, seed=seed, iters=iters, max_points=max_points)
+    return labels
+
+
+class LICLoss:
+    """Stateful LIC loss: holds the radius graph and pseudo-instances between refreshes.
+
+    Typical use in a training step::
+
+        lic.maybe_refresh(step, gaussians.means, latents)   # cheap unless a refresh is due
+        loss = lic(latents, step)
+
+    Attributes:
+        nbr_idx: [N, M] long neighbour indices (-1 padded) or None before the first refresh.
+        labels: [N] long pseudo-instances or None.
+        eligible: [E] long indices of Gaussians having at least one positive.
+        last_refresh: step of the last refresh or None.
+    """
+
+    def __init__(self, cfg: Optional[LICConfig] = None) -> None:
+        self.cfg = cfg or LICConfig()
+        self.nbr_idx: Optional[Tensor] = None
+        self.labels: Optional[Tensor] = None
+        self.eligible: Optional[Tensor] = None
+        self.last_refresh: Optional[int] = None
+        self._gen = torch.Generator().manual_seed(int(self.cfg.seed))
+
+    def refresh(self, means: Tensor, features: Tensor, step: int = 0) -> None:
+        """Rebuild the radius graph from ``means`` [N, 3] and the labels from ``features`` [N, d]."""
+        if means.dim() != 2 or features.dim() != 2 or means.shape[0] != features.shape[0]:
+            raise ShapeError(f"LICLoss.refresh: means [N, 3] and features [N, d] must agree, got "
+                             f"{list(means.shape)} and {list(features.shape)}")
+        c = self.cfg
+        nbr = radius_graph(means, c.radius, c.max_neighbors, workers=c.kdtree_workers).to(features.device)
+        labels = pseudo_instances(
+            features, c.num_clusters, seed=c.seed, iters=c.kmeans_iters,
+            positions=means if c.cluster_position_weight > 0 else None,
+            position_weight=c.cluster_position_weight, max_points=c.kmeans_max_points,
+        ).to(features.device)
+        pos = (nbr >= 0) & (labels[nbr.clamp_min(0)] == labels[:, None])
+        self.nbr_idx, self.labels = nbr, labels
+        self.eligible = torch.nonzero(pos.any(1)).flatten()
+        self.last_refresh = int(step)
+
+    def needs_refresh(self, step: int, num_points: int) -> bool:
+        """True when past the warm-up and the graph is missing, stale, or for another N."""
+        if step < self.cfg.warmup_steps:
+            return False
+        if self.nbr_idx is None or self.last_refresh is None or self.nbr_idx.shape[0] != num_points:
+            return True
+        return step - self.last_refresh >= self.cfg.refresh_every
+
+    def maybe_refresh(self, step: int, means: Tensor, features: Tensor) -> bool:
+        """Refresh when :meth:`needs_refresh`; returns whether it did."""
+        if not self.needs_refresh(step, means.shape[0]):
+            return False
+        self.refresh(means, features, step)
+        return True
+
+    def __call__(self, features: Tensor, step: int, means: Optional[Tensor] = None) -> Tensor:
+        """LIC loss for per-Gaussian features [N, d] at ``step``.
+
+        Returns an exact zero scalar connected to ``features`` (zero gradient) before the
+        warm-up or when no sampled anchor has a positive. With ``means`` given, refreshes
+        first if due; otherwise :meth:`maybe_refresh` must have been called after the
+        warm-up with the current N.
+        """
+        if features.dim() != 2:
+            raise ShapeError(f"LICLoss: features must be [N, d], got {list(features.shape)}")
+        zero = features.reshape(-1)[:0].sum()
+        if step < self.cfg.warmup_steps:
+            return zero
+        if means is not None:
+            self.maybe_refresh(step, means, features)
+        if self.nbr_idx is None or self.labels is None or self.eligible is None:
+            raise ConfigError("LICLoss: no graph yet; call maybe_refresh(step, means, features) after the warm-up "
+                              "or pass means=")
+        N = features.shape[0]
+        if self.nbr_idx.shape[0] != N:
+            raise ShapeError(f"LICLoss: graph built for {self.nbr_idx.shape[0]} Gaussians but features have {N} "
+                             "(densified/pruned?); call refresh(means, features) or pass means=")
+        if self.eligible.numel() == 0:
+            return zero
+        c = self.cfg
+        dev = features.device
+        E = self.eligible.numel()
+        pick = torch.randperm(E, generator=self._gen)[: c.num_anchors].to(dev)
+        anchors = self.eligible.to(dev)[pick]  # [A]
+        A = anchors.numel()
+        nbr = self.nbr_idx.to(dev)[anchors]  # [A, M]
+        labels = self.labels.to(dev)
+        la = labels[anchors]
+        valid = nbr >= 0
+        nbr_safe = nbr.clamp_min(0)
+        is_pos = valid & (labels[nbr_safe] == la[:, None])
+        R = c.num_random_negatives
+        rnd = torch.randint(N, (A, R), generator=self._gen).to(dev)
+        rnd_ok = (labels[rnd] != la[:, None]) & (rnd != anchors[:, None])
+        cand = torch.cat([nbr_safe, rnd], 1)  # [A, M + R]
+        in_set = torch.cat([valid, rnd_ok], 1)
+        pos = torch.cat([is_pos, torch.zeros_like(rnd_ok)], 1)
+
+        f = F.normalize(features, dim=-1)
+        sim = (f[anchors][:, None, :] * f[cand]).sum(-1) / c.temperature  # [A, M + R]
+        logits = sim.masked_fill(~in_set, float("-inf"))
+        log_prob = sim - torch.logsumexp(logits, dim=1, keepdim=True)
+        npos = pos.sum(1)
+        has = npos > 0
+        if not bool(has.any()):
+            return zero
+        per_anchor = -(log_prob.masked_fill(~pos, 0.0)).sum(1) / npos.clamp_min(1)
+        return per_anchor[has].mean()

@@ -1,0 +1,242 @@
+"""VCD: Visibility-Calibrated Distillation weights.
+
+Per-pixel reliability weights computed (under stop-gradient) from the rasterizer's
+statistics: accumulated opacity ``A = sum_i w_i``, depth moments ``D1 = sum_i w_i z_i`` and
+``D2 = sum_i w_i z_i^2``, and optionally a feature map (the teacher's)::
+
+    Dbar   = D1 / (A + eps)                      expected depth
+    Var    = max(D2 / (A + eps) - Dbar^2, 0)     ray depth variance
+    W_op   = clamp(A / a0, 0, 1) ** p
+    W_var  = exp(-(Var / (Dbar^2 + eps)) / s_var)
+    W_edge = exp(-g_depth / s_depth - g_feat / s_feat)
+    w      = max(W_op * W_var * W_edge, min_weight)      (on valid pixels, 0 elsewhere)
+    w_bar  = w / mean_valid(w)                            per view
+
+with the edge strengths (both scale-free, computed over the 4-neighbourhood and dilated
+by a ``(2 r + 1)^2`` max filter)::
+
+    g_depth(u) = max_{v in N4(u)} |Dbar(u) - Dbar(v)| / (max(Dbar(u), Dbar(v)) + eps)   in [0, 1]
+    g_feat(u)  = max_{v in N4(u)} 1 - cos(f(u), f(v))                                   in [0, 2]
+
+For small depth steps ``g_depth ~ |grad Dbar| / Dbar`` (relative depth gradient); the
+symmetric normaliser marks both sides of an occlusion boundary equally. See
+``docs/method.md`` for the choices made where the paper is silent.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+
+from .errors import ConfigError, NonFiniteError, ShapeError
+
+__all__ = ["VCDConfig", "reliability_weights", "render_depth_stats"]
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class VCDConfig:
+    """Settings of the VCD reliability weights (each term has an on/off switch)."""
+
+    use_opacity: bool = True
+    """Multiply by the opacity term W_op."""
+    use_edge: bool = True
+    """Multiply by the edge term W_edge."""
+    use_variance: bool = True
+    """Multiply by the mixed-depth (ray variance) term W_var."""
+    eps: float = 1e-6
+    """Guard in ``A + eps``, ``Dbar^2 + eps`` and the depth-edge normaliser."""
+    opacity_ref: float = 0.9
+    """a0: accumulated opacity at and above which W_op = 1."""
+    opacity_power: float = 2.0
+    """p: W_op = clamp(A / a0, 0, 1) ** p (p > 0; larger = harsher on thin coverage)."""
+    variance_scale: float = 0.05
+    """s_var on the relative variance Var / Dbar^2. Surfaces at depths z and 3z mixed 50/50
+    give 0.25 (W_var = 0.007), at z and 2z 50/50 0.11 (W_var = 0.11); a 0.5% / 1% leak of
+    the weight onto a surface at 3z gives 0.02 / 0.04 (W_var = 0.68 / 0.46); a surface
+    whose Gaussians spread 1% in depth gives 1e-4 (W_var = 0.998)."""
+    edge_depth: bool = True
+    """Use depth discontinuities (g_depth) inside W_edge."""
+    edge_depth_scale: float = 0.1
+    """s_depth: a 1% relative depth step between neighbours gives W ~ 0.9."""
+    edge_features: bool = True
+    """Use feature discontinuities (g_feat) inside W_edge when a feature map is given."""
+    edge_feature_scale: float = 0.1
+    """s_feat on 1 - cosine between neighbouring feature vectors."""
+    edge_radius: int = 1
+    """Dilate the edge strengths by a (2 r + 1) x (2 r + 1) max filter (0 = off)."""
+    min_weight: float = 0.0
+    """Floor applied to the product before per-view normalisation (on valid pixels)."""
+
+    def __post_init__(self) -> None:
+        positive = {
+            "eps": self.eps,
+            "opacity_ref": self.opacity_ref,
+            "opacity_power": self.opacity_power,
+            "variance_scale": self.variance_scale,
+            "edge_depth_scale": self.edge_depth_scale,
+            "edge_feature_scale": self.edge_feature_scale,
+        }
+        for name, value in positive.items():
+            if not float(value) > 0.0:
+                raise ConfigError(f"VCDConfig.{name} must be > 0, got {value!r}")
+        if self.edge_radius < 0:
+            raise ConfigError(f"VCDConfig.edge_radius must be >= 0, got {self.edge_radius}")
+        if not 0.0 <= self.min_weight <= 1.0:
+            raise ConfigError(f"VCDConfig.min_weight must be in [0, 1], got {self.min_weight}")
+
+
+def render_depth_stats(alpha: Tensor, depth_m1: Tensor, depth_m2: Tensor, eps: float = 1e-6) -> Tuple[Tensor, Tensor]:
+    """Expected depth and ray depth variance from the compositing statistics.
+
+    Args:
+        alpha, depth_m1, depth_m2: [...] accumulated opacity A, D1 = sum w z, D2 = sum w z^2.
+    Returns:
+        ``(Dbar, Var)`` [...]: ``D1 / (A + eps)`` and ``max(D2 / (A + eps) - Dbar^2, 0)``.
+    """
+    denom = alpha + eps
+    dbar = depth_m1 / denom
+    var = (depth_m2 / denom - dbar * dbar).clamp_min(0.0)
+    return dbar, var
+
+
+def _neighbour_max(h: Tensor, v: Tensor) -> Tensor:
+    """Per pixel, the max of its pairwise values with its 4 neighbours.
+
+    h: [B, H, W-1] value of pair (i, j)-(i, j+1); v: [B, H-1, W] pair (i, j)-(i+1, j).
+    Returns [B, H, W] (0 where a pixel has no neighbour on a side).
+    """
+    hp = F.pad(h, (1, 1))  # [B, H, W+1]: hp[..., j] = pair (j-1, j), hp[..., j+1] = pair (j, j+1)
+    vp = F.pad(v, (0, 0, 1, 1))  # [B, H+1, W]
+    return torch.maximum(torch.maximum(hp[..., :-1], hp[..., 1:]), torch.maximum(vp[:, :-1], vp[:, 1:]))
+
+
+def _dilate(g: Tensor, radius: int) -> Tensor:
+    if radius <= 0:
+        return g
+    k = 2 * radius + 1
+    return F.max_pool2d(g[:, None], kernel_size=k, stride=1, padding=radius)[:, 0]
+
+
+def _depth_edges(dbar: Tensor, eps: float) -> Tensor:
+    """g_depth [B, H, W] in [0, 1]: symmetric relative depth step to the 4-neighbours."""
+    def rel(a: Tensor, b: Tensor) -> Tensor:
+        return (a - b).abs() / (torch.maximum(a, b).clamp_min(0.0) + eps)
+
+    h = rel(dbar[..., :, :-1], dbar[..., :, 1:])
+    v = rel(dbar[..., :-1, :], dbar[..., 1:, :])
+    return _neighbour_max(h, v).clamp(0.0, 1.0)
+
+
+def _feature_edges(features: Tensor) -> Tensor:
+    """g_feat [B, H, W] in [0, 2]: 1 - cosine to the 4-neighbours (max)."""
+    f = F.normalize(features, dim=-1)
+    h = 1.0 - (f[:, :, :-1] * f[:, :, 1:]).sum(-1)
+    v = 1.0 - (f[:, :-1, :] * f[:, 1:, :]).sum(-1)
+    return _neighbour_max(h, v).clamp(0.0, 2.0)
+
+
+def reliability_weights(
+    alpha: Tensor,
+    depth_m1: Tensor,
+    depth_m2: Tensor,
+    features: Optional[Tensor] = None,
+    cfg: Optional[VCDConfig] = None,
+    valid_mask: Optional[Tensor] = None,
+    return_terms: bool = False,
+) -> Union[Tensor, Tuple[Tensor, Dict[str, Tensor]]]:
+    """VCD reliability weights ``w_bar`` (no gradient), normalised to mean 1 per view.
+
+    Args:
+        alpha: [B, H, W] (or [H, W]) accumulated opacity A.
+        depth_m1: same shape, D1 = sum_i w_i z_i.
+        depth_m2: same shape, D2 = sum_i w_i z_i^2.
+        features: optional [B, H, W, D] feature map (e.g. the teacher's) for feature edges.
+        cfg: :class:`VCDConfig` (default settings if None).
+        valid_mask: optional bool [B, H, W]; pixels outside get weight 0 and do not count
+            in the per-view mean.
+        return_terms: also return a dict of the individual terms.
+    Returns:
+        ``w_bar`` [B, H, W] (the input's shape), detached; on every view with a valid pixel
+        the mean over valid pixels is 1 (a view whose product is 0 everywhere falls back to
+        uniform weights). With ``return_terms``: ``(w_bar, terms)`` where terms has
+        ``op``, ``var``, ``edge`` (the W factors, ones when switched off), ``raw`` (the
+        floored product before normalisation), ``depth`` (Dbar), ``variance`` (Var),
+        ``relvar``, ``edge_depth`` (g_depth) and ``edge_feat`` (g_feat).
+    """
+    cfg = cfg or VCDConfig()
+    squeeze = alpha.dim() == 2
+    if squeeze:
+        alpha, depth_m1, depth_m2 = alpha[None], depth_m1[None], depth_m2[None]
+        features = None if features is None else features[None]
+        valid_mask = None if valid_mask is None else valid_mask[None]
+    if alpha.dim() != 3:
+        raise ShapeError(f"reliability_weights: alpha must be [B, H, W] or [H, W], got {list(alpha.shape)}")
+    for name, t in (("depth_m1", depth_m1), ("depth_m2", depth_m2)):
+        if t.shape != alpha.shape:
+            raise ShapeError(f"reliability_weights: {name} must match alpha {list(alpha.shape)}, got {list(t.shape)}")
+    if features is not None and (features.dim() != 4 or features.shape[:3] != alpha.shape):
+        raise ShapeError(f"reliability_weights: features must be [B, H, W, D] with [B, H, W]={list(alpha.shape)}, "
+                         f"got {list(features.shape)}")
+    if valid_mask is not None and valid_mask.shape != alpha.shape:
+        raise ShapeError(f"reliability_weights: valid_mask must match alpha {list(alpha.shape)}, got {list(valid_mask.shape)}")
+
+    with torch.no_grad():
+        dtype = torch.float64 if alpha.dtype == torch.float64 else torch.float32
+        A, D1, D2 = (t.detach().to(dtype) for t in (alpha, depth_m1, depth_m2))
+        for name, t in (("alpha", A), ("depth_m1", D1), ("depth_m2", D2)):
+            if not torch.isfinite(t).all():
+                raise NonFiniteError(f"reliability_weights: {name} contains NaN/Inf")
+        valid = torch.ones_like(A, dtype=torch.bool) if valid_mask is None else valid_mask.to(A.device, torch.bool)
+
+        dbar, var = render_depth_stats(A, D1, D2, cfg.eps)
+        relvar = var / (dbar * dbar + cfg.eps)
+        ones = torch.ones_like(A)
+
+        w_op = (A / cfg.opacity_ref).clamp(0.0, 1.0) ** cfg.opacity_power if cfg.use_opacity else ones
+        w_var = torch.exp(-relvar / cfg.variance_scale) if cfg.use_variance else ones
+
+        g_depth = _dilate(_depth_edges(dbar, cfg.eps), cfg.edge_radius)
+        if features is not None:
+            feats = features.detach().to(dtype)
+            if not torch.isfinite(feats).all():
+                raise NonFiniteError("reliability_weights: features contain NaN/Inf")
+            g_feat = _dilate(_feature_edges(feats), cfg.edge_radius)
+        else:
+            g_feat = torch.zeros_like(A)
+        if cfg.use_edge:
+            expo = torch.zeros_like(A)
+            if cfg.edge_depth:
+                expo = expo + g_depth / cfg.edge_depth_scale
+            if cfg.edge_features and features is not None:
+                expo = expo + g_feat / cfg.edge_feature_scale
+            w_edge = torch.exp(-expo)
+        else:
+            w_edge = ones
+
+        raw = (w_op * w_var * w_edge).clamp_min(cfg.min_weight)
+        raw = torch.where(valid, raw, torch.zeros_like(raw))
+        vf = valid.to(dtype)
+        count = vf.flatten(1).sum(1)
+        total = raw.flatten(1).sum(1)
+        mean = total / count.clamp_min(1.0)
+        degenerate = mean <= torch.finfo(dtype).tiny
+        base = torch.where(degenerate[:, None, None], vf, raw)
+        mean = torch.where(degenerate, count / count.clamp_min(1.0), mean)
+        w_bar = base / mean.clamp_min(torch.finfo(dtype).tiny)[:, None, None]
+
+        if squeeze:
+            w_bar = w_bar[0]
+        if not return_terms:
+            return w_bar
+        terms = {
+            "op": w_op, "var": w_var, "edge": w_edge, "raw": raw, "depth": dbar, "variance": var,
+            "relvar": relvar, "edge_depth": g_depth, "edge_feat": g_feat,
+        }
+        if squeeze:
+            terms = {k: t[0] for k, t in terms.items()}
+        terms["weight"] = w_bar
+        return w_bar, terms

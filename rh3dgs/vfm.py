@@ -1,0 +1,243 @@
+"""VFM: Visibility-weighted Frechet Mean distillation (Riemannian Huber loss).
+
+With ``d`` the geodesic distance on the unit sphere and ``rho_delta`` the Huber function::
+
+    L_pix  = sum_u w(u) rho_delta(d(z_hat(u), z(u))) / sum_u w(u)
+    mu_t   = argmin_mu sum_u w(u) rho_delta(d(z(u), mu))          (teacher, no gradient)
+    mu_s   = argmin_mu sum_u w(u) rho_delta(d(z_hat(u), mu))      (rendered, differentiable)
+    L_mean = mean over segments of d(mu_s, mu_t)^2   (or rho_delta(d(mu_s, mu_t)))
+    L_VFM  = L_pix + lambda_mean * L_mean
+
+A segment is a view (default) or, with a region id map, a (view, region) pair. ``delta``
+is annealed from ``delta_start`` to ``delta_end`` over ``anneal_steps``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+
+from .errors import ConfigError, NonFiniteError, ShapeError
+from .sphere import geodesic_distance, huber, robust_frechet_mean
+
+__all__ = ["VFMConfig", "delta_at", "pixel_loss", "mean_loss", "vfm_loss"]
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class VFMConfig:
+    """Settings of the VFM loss."""
+
+    delta_start: float = 1.0
+    """Huber threshold (rad) at step 0; 1 rad ~ 57 deg keeps almost every pixel in the
+    quadratic zone while the decoder is still far from the teacher."""
+    delta_end: float = 0.25
+    """Huber threshold (rad) after annealing (~14 deg; beyond it a pixel's pull is capped)."""
+    anneal_steps: int = 10000
+    """Steps over which delta goes from delta_start to delta_end."""
+    schedule: str = "cosine"
+    """'cosine' | 'linear' | 'constant' (constant = delta_start throughout)."""
+    lambda_mean: float = 0.1
+    """Weight of the mean term L_mean."""
+    mean_loss: str = "squared"
+    """'squared': d(mu_s, mu_t)^2; 'huber': rho_delta(d(mu_s, mu_t))."""
+    mean_iters: int = 20
+    """IRLS iterations for the robust Frechet means."""
+    mean_tol: float = 1e-6
+    """Step tolerance (rad) for the robust Frechet means."""
+    region_wise: bool = False
+    """Use (view, region) segments when a region map is given; otherwise whole views."""
+    min_region_pixels: int = 16
+    """Segments with fewer pixels (or zero total weight) are left out of L_mean."""
+
+    def __post_init__(self) -> None:
+        for name in ("delta_start", "delta_end"):
+            v = getattr(self, name)
+            if not float(v) > 0.0:
+                raise ConfigError(f"VFMConfig.{name} must be > 0 (math.inf allowed), got {v!r}")
+        if self.anneal_steps < 0:
+            raise ConfigError(f"VFMConfig.anneal_steps must be >= 0, got {self.anneal_steps}")
+        if self.schedule not in ("cosine", "linear", "constant"):
+            raise ConfigError(f"VFMConfig.schedule must be 'cosine', 'linear' or 'constant', got {self.schedule!r}")
+        if self.mean_loss not in ("squared", "huber"):
+            raise ConfigError(f"VFMConfig.mean_loss must be 'squared' or 'huber', got {self.mean_loss!r}")
+        if self.lambda_mean < 0:
+            raise ConfigError(f"VFMConfig.lambda_mean must be >= 0, got {self.lambda_mean}")
+        if self.mean_iters < 1:
+            raise ConfigError(f"VFMConfig.mean_iters must be >= 1, got {self.mean_iters}")
+        if self.min_region_pixels < 1:
+            raise ConfigError(f"VFMConfig.min_region_pixels must be >= 1, got {self.min_region_pixels}")
+
+
+def delta_at(step: int, cfg: VFMConfig) -> float:
+    """Huber threshold at a training step.
+
+    ``t = clamp(step / anneal_steps, 0, 1)`` (``t = 1`` when ``anneal_steps == 0``);
+    cosine: ``end + (start - end) (1 + cos(pi t)) / 2``; linear: ``start + (end - start) t``;
+    constant: ``start``.
+    """
+    if cfg.schedule == "constant":
+        return float(cfg.delta_start)
+    t = 1.0 if cfg.anneal_steps <= 0 else min(max(step / cfg.anneal_steps, 0.0), 1.0)
+    s, e = float(cfg.delta_start), float(cfg.delta_end)
+    if math.isinf(s) or math.isinf(e):
+        return s if t < 1.0 else e
+    if cfg.schedule == "linear":
+        return s + (e - s) * t
+    return e + (s - e) * 0.5 * (1.0 + math.cos(math.pi * t))
+
+
+def _flatten(rendered: Tensor, teacher: Tensor, weights: Optional[Tensor], fn: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """-> rendered [P, D], teacher [P, D], weights [P], view ids [P]."""
+    if rendered.shape != teacher.shape:
+        raise ShapeError(f"{fn}: rendered {list(rendered.shape)} and teacher {list(teacher.shape)} must match")
+    if rendered.dim() == 4:
+        B, H, W, D = rendered.shape
+        view = torch.arange(B, device=rendered.device).repeat_interleave(H * W)
+        lead = (B, H, W)
+    elif rendered.dim() == 2:
+        view = torch.zeros(rendered.shape[0], dtype=torch.long, device=rendered.device)
+        lead = (rendered.shape[0],)
+    else:
+        raise ShapeError(f"{fn}: features must be [B, H, W, D] or [P, D], got {list(rendered.shape)}")
+    D = rendered.shape[-1]
+    if weights is None:
+        w = torch.ones(lead, dtype=rendered.dtype, device=rendered.device)
+    else:
+        if tuple(weights.shape) != lead:
+            raise ShapeError(f"{fn}: weights must be {list(lead)}, got {list(weights.shape)}")
+        w = weights
+    w = w.detach().reshape(-1).to(rendered.dtype)
+    if not torch.isfinite(w).all():
+        raise NonFiniteError(f"{fn}: weights contain NaN/Inf")
+    if (w < 0).any():
+        raise ConfigError(f"{fn}: weights must be >= 0")
+    return rendered.reshape(-1, D), teacher.reshape(-1, D), w, view
+
+
+def pixel_loss(rendered: Tensor, teacher: Tensor, weights: Optional[Tensor], delta: float) -> Tensor:
+    """Weighted Riemannian Huber loss ``sum w rho_delta(d(z_hat, z)) / sum w``.
+
+    Args:
+        rendered: [B, H, W, D] or [P, D] rendered features (normalised here).
+        teacher: same shape, teacher features (normalised here, no gradient).
+        weights: [B, H, W] or [P] non-negative weights (e.g. VCD ``w_bar``; detached) or None.
+        delta: Huber threshold in rad (``math.inf`` = squared geodesic loss / 2).
+    Returns:
+        scalar; 0 (keeping the graph) when the weights sum to 0.
+    """
+    zs, zt, w, _ = _flatten(rendered, teacher, weights, "pixel_loss")
+    zs = F.normalize(zs, dim=-1)
+    zt = F.normalize(zt.detach(), dim=-1)
+    rho = huber(geodesic_distance(zs, zt), delta)
+    wsum = w.sum()
+    if float(wsum) <= 0.0:
+        return (rho * w).sum()
+    return (rho * w).sum() / wsum
+
+
+def _segments(view: Tensor, regions: Optional[Tensor], P: int) -> Tuple[Tensor, int, Tensor]:
+    """-> segment id per pixel [P] (-1 = ignored), number of segments S, view of each segment [S]."""
+    if regions is None:
+        S = int(view.max().item()) + 1 if P > 0 else 0
+        return view, S, torch.arange(S, device=view.device)
+    reg = regions.reshape(-1).to(view.device).long()
+    if reg.shape[0] != P:
+        raise ShapeError(f"mean_loss: regions must have one id per pixel ({P}), got {list(regions.shape)}")
+    keep = reg >= 0
+    stride = int(reg.max().item()) + 1 if P > 0 else 1
+    uniq, inv = torch.unique(view[keep] * stride + reg[keep], return_inverse=True)
+    seg = torch.full((P,), -1, dtype=torch.long, device=view.device)
+    seg[keep] = inv
+    return seg, int(uniq.shape[0]), torch.div(uniq, stride, rounding_mode="floor")
+
+
+def mean_loss(
+    rendered: Tensor,
+    teacher: Tensor,
+    weights: Optional[Tensor],
+    delta: float,
+    regions: Optional[Tensor] = None,
+    cfg: Optional[VFMConfig] = None,
+    return_parts: bool = False,
+) -> Union[Tensor, Tuple[Tensor, Dict[str, Tensor]]]:
+    """Distance between the robust Frechet means of rendered and teacher features.
+
+    Args:
+        rendered: [B, H, W, D] or [P, D] (one view) rendered features.
+        teacher: same shape, teacher features (no gradient).
+        weights: [B, H, W] / [P] non-negative weights or None.
+        delta: Huber threshold (rad) of the Frechet means (and of a 'huber' mean loss).
+        regions: optional long [B, H, W] / [P] region ids (< 0 = ignore); used when
+            ``cfg.region_wise`` is True, each (view, region) pair is then a segment.
+        cfg: :class:`VFMConfig`.
+        return_parts: also return a dict of intermediate values.
+    Returns:
+        loss: the mean over kept segments of d(mu_s, mu_t)^2 (or the Huber of it), 0
+        keeping the graph when no segment is kept. With ``return_parts``: ``(loss, parts)``,
+        parts has ``mu_s``,
+        ``mu_t`` [S, D], ``dist`` [S], ``kept`` [S] bool and ``segment_view`` [S].
+    """
+    cfg = cfg or VFMConfig()
+    zs, zt, w, view = _flatten(rendered, teacher, weights, "mean_loss")
+    P = zs.shape[0]
+    seg, S, seg_view = _segments(view, regions if cfg.region_wise else None, P)
+    use = seg >= 0
+    zs_u, zt_u, w_u, seg_u = zs[use], zt[use].detach(), w[use], seg[use]
+    with torch.no_grad():
+        count = torch.zeros(S, device=zs.device).index_add_(0, seg_u, torch.ones_like(w_u, dtype=torch.float32))
+        wsum = torch.zeros(S, device=zs.device, dtype=w_u.dtype).index_add_(0, seg_u, w_u)
+        kept = (count >= cfg.min_region_pixels) & (wsum > 0)
+    common = dict(segment_ids=seg_u, num_segments=S, delta=delta, max_iters=cfg.mean_iters, tol=cfg.mean_tol)
+    mu_t, _ = robust_frechet_mean(zt_u, w_u, differentiable=False, **common)
+    mu_s, _ = robust_frechet_mean(zs_u, w_u, differentiable=True, **common)
+    dist = geodesic_distance(mu_s, mu_t.detach())
+    per = dist * dist if cfg.mean_loss == "squared" else huber(dist, delta)
+    n_kept = int(kept.sum().item())
+    if n_kept == 0:
+        loss = (per * 0.0).sum() if S > 0 else zs.sum() * 0.0
+    else:
+        loss = per[kept].sum() / n_kept
+    if not return_parts:
+        return loss
+    parts = {"mu_s": mu_s, "mu_t": mu_t, "dist": dist.detach(), "kept": kept, "segment_view": seg_view}
+    return loss, parts
+
+
+def vfm_loss(
+    rendered: Tensor,
+    teacher: Tensor,
+    weights: Optional[Tensor],
+    step: int,
+    cfg: Optional[VFMConfig] = None,
+    regions: Optional[Tensor] = None,
+    delta: Optional[float] = None,
+) -> Tuple[Tensor, Dict[str, Tensor]]:
+    """``L_VFM = L_pix + lambda_mean * L_mean`` at a training step.
+
+    Args:
+        rendered, teacher: [B, H, W, D] or [P, D]; weights: [B, H, W] / [P] or None.
+        step: training step (sets delta via :func:`delta_at`) unless ``delta`` is given.
+        cfg: :class:`VFMConfig`; regions: optional region ids for region-wise means.
+    Returns:
+        ``(total, parts)`` with parts ``pix``, ``mean`` (detached scalars) and ``delta``.
+        The mean term is skipped (0) when ``lambda_mean == 0``.
+    """
+    cfg = cfg or VFMConfig()
+    d = delta_at(step, cfg) if delta is None else float(delta)
+    l_pix = pixel_loss(rendered, teacher, weights, d)
+    if cfg.lambda_mean > 0:
+        l_mean = mean_loss(rendered, teacher, weights, d, regions=regions, cfg=cfg)
+    else:
+        l_mean = torch.zeros((), dtype=l_pix.dtype, device=l_pix.device)
+    total = l_pix + cfg.lambda_mean * l_mean
+    parts = {
+        "pix": l_pix.detach(),
+        "mean": l_mean.detach(),
+        "delta": torch.tensor(d, dtype=l_pix.dtype),
+    }
+    return total, parts
