@@ -1,0 +1,68 @@
+"""SemanticField: per-Gaussian latents + a linear decoder into teacher space.
+
+z_hat = normalize(decoder @ f) with decoder [D, d]. Rendering composites the latents f
+with the colour weights; the decoder is applied per pixel after compositing. Queries
+fold into latent space (``<phi, Dec F> = <Dec^T phi, F>``; the norm |Dec F| uses the
+d x d Gram matrix), so a text query costs one d-dimensional dot product per pixel.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .errors import ShapeError
+
+__all__ = ["SemanticField"]
+
+
+@dataclass
+class SemanticField:
+    """latents [N, d], decoder [D, d] (teacher dim D), optional per-Gaussian ``valid`` [N] bool."""
+
+    latents: Tensor
+    decoder: Tensor
+    valid: Optional[Tensor] = None
+
+    def __post_init__(self) -> None:
+        if self.latents.dim() != 2 or self.decoder.dim() != 2 or self.decoder.shape[1] != self.latents.shape[1]:
+            raise ShapeError(f"SemanticField: latents [N, d] and decoder [D, d] must agree on d, got "
+                             f"{list(self.latents.shape)} and {list(self.decoder.shape)}")
+
+    @property
+    def dim(self) -> int:
+        """Teacher dimension D."""
+        return self.decoder.shape[0]
+
+    @property
+    def latent_dim(self) -> int:
+        return self.decoder.shape[1]
+
+    @property
+    def gram(self) -> Tensor:
+        """[d, d] decoder^T decoder (the norm of a decoded vector in latent terms)."""
+        return self.decoder.T @ self.decoder
+
+    def decode(self, latents: Optional[Tensor] = None) -> Tensor:
+        """[..., d] latents -> [..., D] unit teacher-space features (zero where the latent is zero)."""
+        f = self.latents if latents is None else latents
+        return torch.nn.functional.normalize(f @ self.decoder.T, dim=-1)
+
+    def fold_queries(self, phi: Tensor) -> Tensor:
+        """[Q, D] unit queries -> [Q, d] latent-space query vectors decoder^T phi."""
+        if phi.shape[-1] != self.dim:
+            raise ShapeError(f"queries have dimension {phi.shape[-1]} but the field's teacher space has {self.dim}")
+        return phi @ self.decoder
+
+    def cosine(self, latents: Tensor, phi: Tensor) -> Tensor:
+        """Cosine between decoded ``latents`` [..., d] and unit queries phi [Q, D] -> [..., Q] (fast path)."""
+        q = self.fold_queries(phi.to(latents))  # [Q, d]
+        num = latents @ q.T
+        norm = ((latents @ self.gram.to(latents)) * latents).sum(-1, keepdim=True).clamp_min(1e-24).sqrt()
+        return num / norm
+
+    def to(self, device) -> "SemanticField":
+        return SemanticField(self.latents.to(device), self.decoder.to(device),
+                             None if self.valid is None else self.valid.to(device))
