@@ -36,6 +36,10 @@ def _extensions():
 
     sources = ["csrc/ext.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
     cxx = ["-O3", "-fopenmp"]
+    # The extension is built where it runs (make install / pip install -e), so tune for this
+    # CPU unless asked not to (RH3DGS_NATIVE_ARCH=0, e.g. for portable wheels).
+    if os.environ.get("RH3DGS_NATIVE_ARCH", "1") != "0":
+        cxx.append("-march=native")
     if _want_cuda():
         sources += sorted(glob.glob("csrc/cuda/*.cu"))
         return [

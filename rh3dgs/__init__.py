@@ -22,6 +22,9 @@ _LAZY = {
     "save_ply": "rh3dgs.io.ply",
     "load_transforms": "rh3dgs.io.transforms",
     "lift": "rh3dgs.lift",
+    "load": "rh3dgs.api",
+    "Scene": "rh3dgs.api",
+    "save_scene": "rh3dgs.api",
 }
 
 __all__ = ["Cameras", "Gaussians", "Rh3dgsError", "__version__", *_LAZY]
@@ -39,5 +42,6 @@ def __getattr__(name: str):
 if TYPE_CHECKING:  # pragma: no cover
     from .io.ply import load_ply, save_ply  # noqa: F401
     from .io.transforms import load_transforms  # noqa: F401
+    from .api import Scene, load, save_scene  # noqa: F401
     from .lift import lift  # noqa: F401
     from .render import RenderResult, render  # noqa: F401

@@ -67,7 +67,7 @@ class LiftConfig:
     """Dimension d of the latents of the PCA-initialised linear decoder (0 = skip)."""
     tile_size: int = 16
     cache_projections: Optional[bool] = None
-    """Keep per-view projections and weights between passes (None: when they fit in ~2 GB)."""
+    """Keep per-view projections, weights and upsampled maps between passes (None: when they fit in ~2 GB)."""
 
     def __post_init__(self) -> None:
         if self.method not in ("robust", "karcher", "euclidean"):
@@ -101,6 +101,10 @@ class LiftResult:
 def _get_map(teacher_maps: TeacherMaps, i: int) -> Tensor:
     m = teacher_maps(i) if callable(teacher_maps) else teacher_maps[i]
     return torch.as_tensor(m)
+
+
+def _map_dim(teacher_maps: TeacherMaps) -> int:
+    return int(_get_map(teacher_maps, 0).shape[-1])
 
 
 def _prepare_map(m: Tensor, i: int, H: int, W: int) -> Tensor:
@@ -160,18 +164,18 @@ def lift(
     ones = torch.ones(N, 1, device=dev)
     chunks = [list(range(s, min(s + cfg.views_per_batch, B))) for s in range(0, B, cfg.views_per_batch)]
     if cfg.cache_projections is None:
-        cache = B * N * 40 + B * H * W * 4 < 2e9  # projection (~40 B / Gaussian / view) + weights
+        # projection (~40 B / Gaussian / view) + weights + upsampled teacher maps (the stream's memory bound)
+        cache = B * N * 40 + B * H * W * 4 * (1 + _map_dim(teacher_maps)) < 2e9
     else:
         cache = cfg.cache_projections
     cached: Dict[int, tuple] = {}
 
     def view_chunk(ci: int):
         """(projection, pixel weights [b,H,W], teacher maps [b,H,W,D]) of chunk ci."""
+        if ci in cached:
+            return cached[ci]
         idx = chunks[ci]
         maps = torch.stack([_prepare_map(_get_map(teacher_maps, i), i, H, W) for i in idx]).to(dev)
-        if ci in cached:
-            proj, w = cached[ci]
-            return proj, w, maps
         with torch.no_grad():
             r = render(gaussians, cameras[idx], ones, rgb=False, tile_size=cfg.tile_size)
         valid = (r.alpha >= cfg.min_coverage) & (maps.norm(dim=-1) > 0.5)
@@ -180,7 +184,7 @@ def lift(
         else:
             w = valid.float()
         if cache:
-            cached[ci] = (r.projection, w)
+            cached[ci] = (r.projection, w, maps)
         return r.projection, w, maps
 
     def one_pass(mode: str, mu: Optional[Tensor], delta: float, desc: str):

@@ -71,6 +71,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_cpu(
     acc_w.assign(NG, 0.0f);
     acc_raw.assign(NG, 0.0f);
     acc_v.assign((size_t)NG * D, 0.0f);
+    std::vector<float> lx, ly, la, lb, lc, lo;
+    std::vector<int64_t> lg;
 #pragma omp for schedule(static, 1)
     for (int64_t work = 0; work < n_work; ++work) {
       const int64_t b = work / (TH * TW), tile = work % (TH * TW);
@@ -79,6 +81,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_cpu(
       const int64_t start = offsets[flat];
       const int64_t end = (flat == n_work - 1) ? n_isects : offsets[flat + 1];
       if (end <= start) continue;
+      const int64_t K = end - start;
+      lx.resize(K); ly.resize(K); la.resize(K); lb.resize(K); lc.resize(K); lo.resize(K); lg.resize(K);
+      for (int64_t k = 0; k < K; ++k) {  // tile-local copies (structure of arrays)
+        const int64_t g = fids[start + k];
+        lx[k] = xy[2 * g]; ly[k] = xy[2 * g + 1];
+        la[k] = con[3 * g]; lb[k] = con[3 * g + 1]; lc[k] = con[3 * g + 2];
+        lo[k] = opac[g]; lg[k] = g % NB;  // flatten_ids index b * N + n
+      }
       const int64_t y0 = ty * tile_size, x0 = tx * tile_size;
       const int64_t y1 = std::min<int64_t>(y0 + tile_size, H), x1 = std::min<int64_t>(x0 + tile_size, W);
       for (int64_t py = y0; py < y1; ++py) {
@@ -89,18 +99,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_cpu(
           const float* z = pf + pix * D;
           const float fx = (float)px + 0.5f, fy = (float)py + 0.5f;
           float T = 1.0f;
-          for (int64_t i = start; i < end; ++i) {
-            const int64_t g = fids[i];
-            const float dx = xy[2 * g] - fx, dy = xy[2 * g + 1] - fy;
-            const float sigma = gauss_sigma(con[3 * g], con[3 * g + 1], con[3 * g + 2], dx, dy);
+          for (int64_t k = 0; k < K; ++k) {
+            const float dx = lx[k] - fx, dy = ly[k] - fy;
+            const float sigma = gauss_sigma(la[k], lb[k], lc[k], dx, dy);
             if (sigma < 0.0f || sigma > kSigmaSkip) continue;
-            const float a = std::min(kAlphaMax, opac[g] * std::exp(-sigma));
+            const float a = std::min(kAlphaMax, lo[k] * std::exp(-sigma));
             if (a < kAlphaMin) continue;
             const float next_T = T * (1.0f - a);
             if (next_T <= kTransmittanceMin) break;
             const float w = a * T * pweight;
             T = next_T;
-            const int64_t gi = g % NB;  // flatten_ids index b * N + n
+            const int64_t gi = lg[k];
             float* v = acc_v.data() + gi * D;
             acc_raw[gi] += w;
             if (mode == 0) {

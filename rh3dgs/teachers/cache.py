@@ -1,0 +1,199 @@
+"""On-disk, incremental cache of teacher feature maps.
+
+Layout::
+
+    <cache_dir>/<teacher name>-<sha256(cache_key)[:16]>/
+        manifest.json        # {"format": 1, "teacher_key": ..., "entries": {entry: {...}}}
+        <entry>.npy          # float16 [h, w, D], unit vectors at the teacher's resolution
+
+``entry`` is the sha256 of the image file's bytes (combined with
+``teacher.entry_fingerprint(image)`` when that is non-empty, e.g. the precomputed
+teacher's feature file digest), so renaming / moving images keeps their entries and
+editing an image recomputes only that image; identical images share one entry.
+
+Every ``.npy`` is written atomically and its sha256 and size are recorded in the
+manifest. An entry is used only when its file exists and matches the recorded
+checksum; anything else (truncated / corrupt file, file without manifest record after
+a crash) is recomputed. The manifest is rewritten atomically (merged with what is on
+disk, so concurrent runs lose at most some records, which are then recomputed).
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+from ..errors import FeatureFormatError, InputFileError, NonFiniteError, ShapeError
+from ..io.atomic import atomic_save_bytes, atomic_save_json
+from ..progress import track
+from .base import Teacher, upsample_features
+
+__all__ = ["extract_features", "load_cached", "teacher_cache_dir", "file_sha256", "MANIFEST_NAME"]
+
+MANIFEST_NAME = "manifest.json"
+_FORMAT = 1
+_MANIFEST_EVERY_S = 5.0
+
+PathLike = Union[str, Path]
+
+
+def file_sha256(path: PathLike, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def teacher_cache_dir(teacher: Teacher, cache_dir: PathLike) -> Path:
+    """The sub-folder of ``cache_dir`` holding ``teacher``'s entries."""
+    key = teacher.cache_key()
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", str(teacher.name)).strip("-") or "teacher"
+    return Path(cache_dir) / f"{safe}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def _read_manifest(folder: Path, key: str) -> Dict[str, Dict[str, Any]]:
+    path = folder / MANIFEST_NAME
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}  # absent or unreadable: every entry will be verified / recomputed
+    if not isinstance(data, dict) or data.get("format") != _FORMAT or data.get("teacher_key") != key:
+        return {}
+    entries = data.get("entries")
+    if not isinstance(entries, dict):
+        return {}
+    return {k: v for k, v in entries.items() if isinstance(v, dict)}
+
+
+def _write_manifest(folder: Path, teacher: Teacher, entries: Dict[str, Dict[str, Any]]) -> None:
+    key = teacher.cache_key()
+    merged = _read_manifest(folder, key)
+    merged.update(entries)
+    settings = teacher.settings() if hasattr(teacher, "settings") else {}
+    atomic_save_json(folder / MANIFEST_NAME, {"format": _FORMAT, "teacher_key": key, "teacher": teacher.name,
+                                              "dim": teacher.dim, "settings": settings,
+                                              "entries": dict(sorted(merged.items()))})
+
+
+def _entry_valid(folder: Path, record: Optional[Dict[str, Any]], entry: str) -> bool:
+    if not record:
+        return False
+    path = folder / f"{entry}.npy"
+    try:
+        if path.stat().st_size != int(record.get("bytes", -1)):
+            return False
+        return file_sha256(path) == record.get("sha256")
+    except (OSError, TypeError, ValueError):
+        return False
+
+
+def _entry_key(teacher: Teacher, image: Path) -> str:
+    digest = file_sha256(image)
+    extra = teacher.entry_fingerprint(image)
+    if extra:
+        digest = hashlib.sha256(f"{digest}|{extra}".encode()).hexdigest()
+    return digest
+
+
+def _encode_entry(fmap: torch.Tensor, image: Path, dim: int) -> Tuple[bytes, Tuple[int, ...]]:
+    if not isinstance(fmap, torch.Tensor) or fmap.ndim != 3 or fmap.shape[-1] != dim or min(fmap.shape) == 0:
+        shape = tuple(fmap.shape) if isinstance(fmap, torch.Tensor) else type(fmap).__name__
+        raise ShapeError(f"teacher returned a feature map of shape {shape} for {image}; expected [h, w, {dim}]")
+    arr = fmap.detach().float().cpu().numpy()
+    if not np.isfinite(arr).all():
+        raise NonFiniteError(f"teacher returned NaN/Inf features for {image}")
+    buf = io.BytesIO()
+    np.save(buf, arr.astype(np.float16), allow_pickle=False)
+    return buf.getvalue(), arr.shape
+
+
+def extract_features(teacher: Teacher, image_paths: Sequence[PathLike], cache_dir: PathLike,
+                     progress: bool = True, *, stats: Optional[Dict[str, int]] = None) -> List[Path]:
+    """Compute (or reuse) the teacher's feature map of every image; returns one ``.npy`` path per image.
+
+    Args:
+        teacher: any :class:`~rh3dgs.teachers.base.Teacher` (``features_for_path`` is called
+            once per missing entry).
+        image_paths: image files, in the order of the returned list.
+        cache_dir: root folder of the cache (created if missing).
+        progress: show a progress bar (:func:`rh3dgs.progress.track`).
+        stats: optional dict filled with ``computed``, ``reused``, ``invalid`` (entries
+            found corrupt / unrecorded and recomputed) and ``images``.
+
+    Only entries that are missing or fail their checksum are computed. Load the results
+    with :func:`load_cached`.
+    """
+    images = [Path(p) for p in image_paths]
+    for p in images:
+        if not p.is_file():
+            raise InputFileError(p, "image file not found")
+    folder = teacher_cache_dir(teacher, cache_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    key = teacher.cache_key()
+    manifest = _read_manifest(folder, key)
+
+    entries = [_entry_key(teacher, p) for p in images]
+    first_image: Dict[str, Path] = {}
+    for e, p in zip(entries, images):
+        first_image.setdefault(e, p)
+
+    todo: List[str] = []
+    invalid = 0
+    for e in first_image:
+        if _entry_valid(folder, manifest.get(e), e):
+            continue
+        if e in manifest or (folder / f"{e}.npy").exists():
+            invalid += 1
+        todo.append(e)
+
+    new_records: Dict[str, Dict[str, Any]] = {}
+    last_write = time.monotonic()
+    try:
+        for e in track(todo, description=f"{teacher.name} features", total=len(todo), disable=not progress):
+            image = first_image[e]
+            data, shape = _encode_entry(teacher.features_for_path(image), image, teacher.dim)
+            atomic_save_bytes(folder / f"{e}.npy", data)
+            new_records[e] = {"file": f"{e}.npy", "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data),
+                              "shape": list(shape), "dtype": "float16", "source": str(image)}
+            if time.monotonic() - last_write > _MANIFEST_EVERY_S:
+                _write_manifest(folder, teacher, new_records)
+                last_write = time.monotonic()
+    finally:
+        if new_records:
+            _write_manifest(folder, teacher, new_records)
+
+    if stats is not None:
+        stats.update(images=len(images), computed=len(todo), reused=len(first_image) - len(todo), invalid=invalid)
+    return [folder / f"{e}.npy" for e in entries]
+
+
+def load_cached(path: PathLike, out_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+    """Read a cached map -> ``[H, W, D]`` float32 unit vectors.
+
+    With ``out_size = (H, W)`` the map is bilinearly upsampled to the image size and
+    renormalised; otherwise it is returned at the teacher's resolution.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FeatureFormatError(path, "cached feature file not found (run extract_features first)")
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise FeatureFormatError(path, f"corrupt cached feature file ({type(e).__name__}: {e}); delete it and "
+                                       "re-run extract_features") from None
+    if not isinstance(arr, np.ndarray) or arr.ndim != 3 or arr.dtype.kind != "f":
+        raise FeatureFormatError(path, f"cached features must be a float [h, w, D] array, got "
+                                       f"{getattr(arr, 'shape', None)} {getattr(arr, 'dtype', None)}", field="shape")
+    t = torch.from_numpy(np.ascontiguousarray(arr)).float()
+    if not bool(torch.isfinite(t).all()):
+        raise FeatureFormatError(path, "cached features contain NaN/Inf", field="values")
+    return upsample_features(t, out_size)
