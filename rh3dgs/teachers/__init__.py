@@ -16,6 +16,7 @@ from .base import (
     load_image,
     make_teacher,
     register_teacher,
+    teacher_from_spec,
     upsample_features,
 )
 from .cache import extract_features, load_cached, teacher_cache_dir
@@ -28,6 +29,7 @@ __all__ = [
     "TeacherConfig",
     "make_teacher",
     "register_teacher",
+    "teacher_from_spec",
     "available_teachers",
     "upsample_features",
     "load_image",

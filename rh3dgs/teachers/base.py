@@ -287,5 +287,21 @@ def make_teacher(name: str, **kwargs: Any) -> Teacher:
         raise
 
 
+_PATH_KEYS = ("features_dir", "data_dir", "text_embeddings", "checkpoint", "cache_dir")
+
+
+def teacher_from_spec(spec: Dict[str, Any], base: Optional[PathLike] = None) -> Teacher:
+    """Build a teacher from a JSON-able spec ``{"name": ..., **kwargs}`` (as stored in a scene's
+    rh3dgs.json); relative paths in path-valued keys are resolved against ``base``."""
+    if not isinstance(spec, dict) or "name" not in spec:
+        raise ConfigError(f"teacher spec must be a dict with a 'name', got {spec!r}")
+    kw = {k: v for k, v in spec.items() if k != "name"}
+    if base is not None:
+        for k in _PATH_KEYS:
+            if isinstance(kw.get(k), str) and not Path(kw[k]).is_absolute():
+                kw[k] = str(Path(base) / kw[k])
+    return make_teacher(spec["name"], **kw)
+
+
 def _stable_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
