@@ -3,6 +3,9 @@
     rh3dgs demo   [--output DIR]            synthetic scene -> renders (+ lift and queries)
     rh3dgs synth  --output DIR [--seed S]   write a labelled synthetic nerfstudio dataset
     rh3dgs render SCENE.ply --transforms T  render a PLY from the cameras of a transforms.json
+    rh3dgs extract --data DIR --teacher T   teacher features for the dataset's images (cached)
+    rh3dgs lift SCENE.ply --data DIR        training-free lift -> semantic scene folder
+    rh3dgs query SCENE "red mug;chair"      relevancy PNGs over the cameras, 3D selections
 
 User errors (rh3dgs.errors) are printed as one line without a traceback; ``--debug``
 shows the traceback.
@@ -15,7 +18,7 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from .errors import Rh3dgsError
+from .errors import ConfigError, Rh3dgsError
 
 __all__ = ["main"]
 
@@ -95,6 +98,119 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def _teacher_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--teacher", default="precomputed", help="clip | tiny-clip | precomputed (default)")
+    p.add_argument("--model", default=None, help="open_clip model name (clip teacher; default ViT-B-16)")
+    p.add_argument("--pretrained", default=None, help="open_clip pretrained tag (clip teacher)")
+    p.add_argument("--checkpoint", default=None, help="local open_clip checkpoint file (clip teacher)")
+    p.add_argument("--features-dir", default=None, help="precomputed teacher: folder of <stem>.npy maps "
+                                                        "(default DATA/features)")
+    p.add_argument("--cache", default=None, help="feature cache folder (default DATA/.rh3dgs_cache)")
+
+
+def _teacher_spec(args, data: Path) -> dict:
+    spec = {"name": args.teacher}
+    if args.teacher == "precomputed":
+        spec["features_dir"] = str(Path(args.features_dir or data / "features").resolve())
+    elif args.teacher == "clip":
+        for k in ("model", "pretrained", "checkpoint"):
+            if getattr(args, k):
+                spec[k] = getattr(args, k)
+    return spec
+
+
+def _teacher_maps(args, data: Path, image_paths):
+    """(teacher, spec, provider i -> [h, w, D]) for the dataset's images."""
+    from .teachers import extract_features, load_cached, teacher_from_spec
+
+    spec = _teacher_spec(args, data)
+    teacher = teacher_from_spec(spec)
+    if args.teacher == "precomputed":
+        return teacher, spec, lambda i: teacher.load_feature_map(Path(image_paths[i]).stem)
+    cached = extract_features(teacher, image_paths, args.cache or data / ".rh3dgs_cache")
+    return teacher, spec, lambda i: load_cached(cached[i])
+
+
+def cmd_extract(args) -> int:
+    from .io.transforms import load_transforms
+
+    data = Path(args.data)
+    _, images = load_transforms(data, check_images=True)
+    if args.teacher == "precomputed":
+        print("the precomputed teacher reads existing maps; nothing to extract")
+        return 0
+    from .teachers import extract_features, teacher_from_spec
+
+    teacher = teacher_from_spec(_teacher_spec(args, data))
+    stats: dict = {}
+    paths = extract_features(teacher, images, args.cache or data / ".rh3dgs_cache", stats=stats)
+    print(f"{len(paths)} feature maps ({stats.get('computed', 0)} computed, {stats.get('reused', 0)} reused) "
+          f"in {Path(paths[0]).parent if paths else args.cache}")
+    return 0
+
+
+def cmd_lift(args) -> int:
+    from .api import save_scene
+    from .field import SemanticField
+    from .io.ply import load_ply
+    from .io.transforms import load_transforms
+    from .lift import LiftConfig, lift
+    from .memory import lift_memory_estimate
+
+    data = Path(args.data)
+    gaussians = load_ply(args.scene)
+    cams, images = load_transforms(data, check_images=False)
+    teacher, spec, maps = _teacher_maps(args, data, images)
+    d_teacher = int(maps(0).shape[-1])
+    print(lift_memory_estimate(len(gaussians), len(cams), cams.height, cams.width, d_teacher,
+                               min(args.views_per_batch, len(cams))).summary())
+    cfg = LiftConfig(method=args.method, use_vcd=not args.no_vcd, delta=args.delta, iters=args.iters,
+                     latent_dim=args.latent_dim, views_per_batch=args.views_per_batch)
+    res = lift(gaussians, cams, maps, cfg)
+    table = {}
+    if hasattr(teacher, "text_queries"):
+        names = teacher.text_queries()
+        table = dict(zip(names, teacher.encode_text(names)))
+    out = save_scene(args.output, gaussians, SemanticField(res.latents, res.decoder, res.valid), cams, images,
+                     teacher=spec, text_embeddings=table, info=res.info)
+    print(f"lifted {len(gaussians)} Gaussians ({res.info['valid']} observed) over {len(cams)} views in "
+          f"{res.info['seconds']:.1f} s -> {out}")
+    return 0
+
+
+def cmd_query(args) -> int:
+    from .api import load
+    from .io.atomic import atomic_save_png
+    from .viz import colorize, overlay_heatmap
+
+    scene = load(args.scene)
+    queries = [q.strip() for q in args.queries.split(";") if q.strip()]
+    if not queries:
+        raise ConfigError("no query given (semicolon-separated phrases, e.g. \"red mug;chair\")")
+    negatives = None if args.negatives is None else [q.strip() for q in args.negatives.split(";") if q.strip()]
+    if scene.cameras is None:
+        raise ConfigError(f"{args.scene}: the scene has no cameras (transforms.json) to render queries from")
+    views = range(len(scene.cameras)) if args.views is None else [int(v) for v in args.views.split(",")]
+    out = Path(args.output)
+    names = scene.cameras.names or [f"view_{i:05d}" for i in range(len(scene.cameras))]
+    for i in views:
+        if not 0 <= i < len(scene.cameras):
+            raise ConfigError(f"--views: index {i} is outside 0..{len(scene.cameras) - 1}")
+        rel = scene.render_relevancy(i, queries, negatives)
+        rgb = scene.render(i)
+        for q, r in zip(queries, rel):
+            stem = q.replace(" ", "_").replace("/", "_")
+            atomic_save_png(out / f"{names[i]}_{stem}_relevancy.png", colorize(r, vmin=0.0, vmax=1.0))
+            atomic_save_png(out / f"{names[i]}_{stem}_overlay.png", overlay_heatmap(rgb, r, threshold=args.threshold))
+    for q in queries:
+        sel = scene.select(q, threshold=args.threshold, negatives=negatives)
+        stem = q.replace(" ", "_").replace("/", "_")
+        scene.export_ply(out / f"{stem}.ply", mask=sel)
+        print(f"'{q}': {int(sel.sum())} of {len(scene)} Gaussians above {args.threshold} -> {out / (stem + '.ply')}")
+    print(f"relevancy PNGs for {len(queries)} queries x {len(views)} views -> {out}")
+    return 0
+
+
 def _demo_semantic(scene, out: Path, args) -> Optional[str]:
     """Lift simulated teacher features and answer text queries (when the method modules exist)."""
     try:
@@ -129,6 +245,33 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--transforms", required=True, help="nerfstudio transforms.json (or its folder)")
     r.add_argument("--output", required=True)
     r.set_defaults(func=cmd_render)
+
+    e = sub.add_parser("extract", help="teacher features for a dataset's images (cached, incremental)")
+    e.add_argument("--data", required=True, help="dataset folder with transforms.json")
+    _teacher_args(e)
+    e.set_defaults(func=cmd_extract)
+
+    li = sub.add_parser("lift", help="training-free lift of teacher features into a 3DGS PLY")
+    li.add_argument("scene", help="3DGS PLY (INRIA layout), in the frame of the dataset's cameras")
+    li.add_argument("--data", required=True, help="dataset folder with transforms.json (and features/)")
+    li.add_argument("--output", required=True, help="semantic scene folder to write")
+    li.add_argument("--method", default="robust", choices=["robust", "karcher", "euclidean"])
+    li.add_argument("--no-vcd", action="store_true", help="uniform pixel weights (ablation)")
+    li.add_argument("--delta", type=float, default=0.35, help="Huber threshold (radians)")
+    li.add_argument("--iters", type=int, default=4, help="IRLS passes")
+    li.add_argument("--latent-dim", type=int, default=16)
+    li.add_argument("--views-per-batch", type=int, default=8)
+    _teacher_args(li)
+    li.set_defaults(func=cmd_lift)
+
+    q = sub.add_parser("query", help="relevancy PNGs over the cameras and 3D selections for text queries")
+    q.add_argument("scene", help="semantic scene folder (from `rh3dgs lift` / `rh3dgs demo`)")
+    q.add_argument("queries", help="semicolon-separated phrases, e.g. 'red mug;chair'")
+    q.add_argument("--negatives", default=None, help="semicolon-separated negatives (default: object;things;stuff;texture)")
+    q.add_argument("--threshold", type=float, default=0.5)
+    q.add_argument("--views", default=None, help="comma-separated camera indices (default: all)")
+    q.add_argument("--output", required=True)
+    q.set_defaults(func=cmd_query)
     return p
 
 
