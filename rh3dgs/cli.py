@@ -258,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     li.add_argument("--method", default="robust", choices=["robust", "karcher", "euclidean"])
     li.add_argument("--no-vcd", action="store_true", help="uniform pixel weights (ablation)")
     li.add_argument("--delta", type=float, default=0.35, help="Huber threshold (radians)")
-    li.add_argument("--iters", type=int, default=4, help="IRLS passes")
+    li.add_argument("--iters", type=int, default=3, help="IRLS passes")
     li.add_argument("--latent-dim", type=int, default=16)
     li.add_argument("--views-per-batch", type=int, default=8)
     _teacher_args(li)

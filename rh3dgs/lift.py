@@ -53,10 +53,16 @@ class LiftConfig:
     """VCD settings (feature edges use the teacher map of the view)."""
     delta: float = 0.35
     """Huber threshold in radians (~20 degrees): residuals beyond it count linearly."""
-    iters: int = 4
-    """Maximum IRLS passes over all views after the initial Euclidean pass."""
+    iters: int = 3
+    """Maximum IRLS passes over all views after the initial Euclidean pass. On the synthetic
+    benchmark 3 passes leave a mean angle of ~1e-3 rad (99th percentile ~1e-2) to the
+    converged robust mean; each pass costs about one render of the views with D channels."""
     tol: float = 1e-3
-    """Stop when the largest per-Gaussian step angle (radians) falls below this."""
+    """Stop when the ``tol_quantile`` quantile of the per-Gaussian step angles (radians) is below this."""
+    tol_quantile: float = 0.99
+    """Quantile of the step angles tested against ``tol`` (1.0 = the largest step). A few
+    Gaussians seen by two disagreeing pixels converge slowly under Huber IRLS; they should
+    not hold up the whole scene."""
     min_coverage: float = 0.5
     """Pixels with accumulated opacity below this get weight 0 (background / holes)."""
     min_weight: float = 1e-6
@@ -87,7 +93,7 @@ class LiftResult:
     valid:    [N] bool, weight >= min_weight.
     latents:  [N, d] PCA coordinates (None if latent_dim = 0).
     decoder:  [D, d] linear decoder (orthonormal columns): z_hat = normalize(decoder @ f).
-    info:     passes, per-pass max step angle, timings.
+    info:     passes, per-pass step-angle quantile, timings.
     """
 
     features: Tensor
@@ -209,13 +215,14 @@ def lift(
             acc_w, acc_v, _ = one_pass("irls", mu, delta, f"lift: IRLS pass {it + 1}")
             step = acc_v / acc_w.clamp_min(1e-12)[:, None] * valid[:, None]
             mu = sphere_exp(mu, step) * valid[:, None]
-            max_step = float(step.norm(dim=-1).max()) if N else 0.0
-            steps.append(max_step)
-            if max_step < cfg.tol:
+            norms = step.norm(dim=-1)[valid]
+            q_step = float(torch.quantile(norms[:1_000_000], cfg.tol_quantile)) if norms.numel() else 0.0
+            steps.append(q_step)
+            if q_step < cfg.tol:
                 break
     latents = decoder = None
     if cfg.latent_dim > 0 and N > 0:
         decoder, latents = pca_decoder(mu, weight * valid, cfg.latent_dim)
-    info = {"method": cfg.method, "use_vcd": cfg.use_vcd, "passes": 1 + len(steps), "max_step_per_pass": steps,
+    info = {"method": cfg.method, "use_vcd": cfg.use_vcd, "passes": 1 + len(steps), "step_quantile_per_pass": steps,
             "seconds": time.perf_counter() - t0, "views": B, "gaussians": N, "valid": int(valid.sum())}
     return LiftResult(mu, weight, valid, latents, decoder, info)

@@ -1,0 +1,66 @@
+"""LIC cost per step vs one training step, at 50k Gaussians (issue 3's setting).
+
+Training step (the baseline, measured in the same run): render RGB + 16-d latents for one
+256x256 view, forward + backward through an L1 RGB loss and the VFM pixel loss.
+LIC step: the multi-positive InfoNCE over sampled anchors (forward + backward), plus the
+amortised cost of its refresh (radius graph + spherical k-means every ``refresh_every`` steps).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine, orbit, random_scene, timeit, write_results  # noqa: E402
+
+N, SIZE, D_LAT = 50_000, 256, 16
+
+
+def main() -> dict:
+    from rh3dgs.lic import LICConfig, LICLoss
+    from rh3dgs.render import render
+    from rh3dgs.vfm import pixel_loss
+
+    g = random_scene(N, scale=0.03)
+    cam = orbit(1, SIZE)
+    latents = torch.nn.functional.normalize(torch.randn(N, D_LAT), dim=-1).requires_grad_(True)
+    target_rgb = torch.rand(1, SIZE, SIZE, 3)
+    teacher = torch.nn.functional.normalize(torch.randn(1, SIZE, SIZE, D_LAT), dim=-1)
+    means = g.means.clone().requires_grad_(True)
+
+    def train_step():
+        g.means = means
+        r = render(g, cam, latents)
+        loss = (r.rgb - target_rgb).abs().mean()
+        loss = loss + pixel_loss(torch.nn.functional.normalize(r.features, dim=-1), teacher, r.alpha.detach(), 0.5)
+        loss.backward()
+
+    base = timeit(train_step, repeats=3)["median_s"]
+    cfg = LICConfig(warmup_steps=0)
+    lic = LICLoss(cfg)
+    refresh = timeit(lambda: lic.refresh(g.means.detach(), latents.detach(), step=0), repeats=1, warmup=0)["median_s"]
+
+    def lic_step():
+        loss = lic(latents, step=10)
+        loss.backward()
+
+    step = timeit(lic_step, repeats=5)["median_s"]
+    amortised = step + refresh / cfg.refresh_every
+    payload = {"setting": {"gaussians": N, "size": SIZE, "latent_dim": D_LAT, "anchors": cfg.num_anchors},
+               "train_step_s": base, "lic_step_s": step, "lic_refresh_s": refresh,
+               "lic_amortised_s": amortised, "ratio_lic_to_train_step": amortised / base, "machine": machine()}
+    md = (f"# LIC cost vs a training step\n\n{N} Gaussians, {D_LAT}-d latents, {cfg.num_anchors} anchors, "
+          f"{cfg.max_neighbors} neighbours, refresh every {cfg.refresh_every} steps; training step = RGB + latents "
+          f"render at {SIZE}x{SIZE}, forward + backward.\n\n"
+          f"| | seconds |\n|---|---|\n| training step (baseline) | {base:.4f} |\n| LIC step | {step:.4f} |\n"
+          f"| LIC refresh (graph + k-means) | {refresh:.3f} |\n| LIC amortised | {amortised:.4f} |\n\n"
+          f"**LIC / training step: {100 * amortised / base:.1f} %** (target < 10 %)\n")
+    write_results("lic", payload, md)
+    print(md)
+    return payload
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,20 @@
+"""nerfstudio integration of rh3dgs: ``ns-train rh3dgs`` / ``ns-train rh3dgs-lite``.
+
+Modules (import them explicitly; importing this package does not import nerfstudio):
+
+* :mod:`rh3dgs.nerfstudio.config`      MethodSpecifications ``rh3dgs_method``, ``rh3dgs_lite_method``
+* :mod:`rh3dgs.nerfstudio.model`       ``Rh3dgsModel`` (splatfacto subclass)
+* :mod:`rh3dgs.nerfstudio.datamanager` ``Rh3dgsDataManager`` (teacher maps in ``batch["teacher"]``)
+* :mod:`rh3dgs.nerfstudio.pipeline`    ``Rh3dgsPipeline`` (semantic initialisation)
+* :mod:`rh3dgs.nerfstudio.export`      ``load_nerfstudio_scene``, ``export_semantic_ply``
+"""
+
+METHOD_ENTRY_POINTS = (
+    "rh3dgs = rh3dgs.nerfstudio.config:rh3dgs_method",
+    "rh3dgs-lite = rh3dgs.nerfstudio.config:rh3dgs_lite_method",
+)
+"""Lines of setup.py's ``entry_points["nerfstudio.method_configs"]``."""
+
+METHOD_CONFIGS_ENV = ("rh3dgs=rh3dgs.nerfstudio.config:rh3dgs_method,"
+                      "rh3dgs-lite=rh3dgs.nerfstudio.config:rh3dgs_lite_method")
+"""Value for ``NERFSTUDIO_METHOD_CONFIGS`` (registration without the entry point)."""

@@ -1,0 +1,131 @@
+"""nerfstudio method registrations: ``rh3dgs`` (full schedule) and ``rh3dgs-lite`` (CPU-sized).
+
+Registered through the ``nerfstudio.method_configs`` entry point (see setup.py)::
+
+    ns-train rh3dgs --data DIR
+    ns-train rh3dgs-lite --machine.device-type cpu --data DIR --vis tensorboard
+
+Without the entry point installed, ``NERFSTUDIO_METHOD_CONFIGS`` works too::
+
+    NERFSTUDIO_METHOD_CONFIGS="rh3dgs=rh3dgs.nerfstudio.config:rh3dgs_method,rh3dgs-lite=rh3dgs.nerfstudio.config:rh3dgs_lite_method" ns-train rh3dgs-lite ...
+"""
+from __future__ import annotations
+
+from nerfstudio.configs.base_config import LoggingConfig, ViewerConfig
+from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
+from nerfstudio.engine.optimizers import AdamOptimizerConfig
+from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig
+from nerfstudio.engine.trainer import TrainerConfig
+from nerfstudio.plugins.types import MethodSpecification
+
+from ..lic import LICConfig
+from ..vfm import VFMConfig
+from .datamanager import Rh3dgsDataManagerConfig
+from .model import Rh3dgsModelConfig
+from .pipeline import Rh3dgsPipelineConfig
+
+__all__ = ["make_optimizers", "rh3dgs_config", "rh3dgs_lite_config", "rh3dgs_method", "rh3dgs_lite_method"]
+
+
+def make_optimizers(max_steps: int) -> dict:
+    """splatfacto's optimizer groups + ``latents`` and ``decoder``."""
+    return {
+        "means": {"optimizer": AdamOptimizerConfig(lr=1.6e-4, eps=1e-15),
+                  "scheduler": ExponentialDecaySchedulerConfig(lr_final=1.6e-6, max_steps=max_steps)},
+        "features_dc": {"optimizer": AdamOptimizerConfig(lr=0.0025, eps=1e-15), "scheduler": None},
+        "features_rest": {"optimizer": AdamOptimizerConfig(lr=0.0025 / 20, eps=1e-15), "scheduler": None},
+        "opacities": {"optimizer": AdamOptimizerConfig(lr=0.05, eps=1e-15), "scheduler": None},
+        "scales": {"optimizer": AdamOptimizerConfig(lr=0.005, eps=1e-15), "scheduler": None},
+        "quats": {"optimizer": AdamOptimizerConfig(lr=0.001, eps=1e-15), "scheduler": None},
+        "latents": {"optimizer": AdamOptimizerConfig(lr=0.005, eps=1e-15), "scheduler": None},
+        "decoder": {"optimizer": AdamOptimizerConfig(lr=5e-4, eps=1e-15),
+                    "scheduler": ExponentialDecaySchedulerConfig(lr_final=5e-5, max_steps=max_steps)},
+        "camera_opt": {"optimizer": AdamOptimizerConfig(lr=1e-4, eps=1e-15),
+                       "scheduler": ExponentialDecaySchedulerConfig(lr_final=5e-7, max_steps=max_steps,
+                                                                    warmup_steps=1000, lr_pre_warmup=0)},
+        "bilateral_grid": {"optimizer": AdamOptimizerConfig(lr=2e-3, eps=1e-15),
+                           "scheduler": ExponentialDecaySchedulerConfig(lr_final=1e-4, max_steps=max_steps,
+                                                                        warmup_steps=1000, lr_pre_warmup=0)},
+    }
+
+
+def rh3dgs_config() -> TrainerConfig:
+    """Full schedule (30k steps, splatfacto's densification; semantic loss from step 0 with a
+    1k-step ramp, LIC from 5k, delta annealed over 10k)."""
+    steps = 30000
+    return TrainerConfig(
+        method_name="rh3dgs",
+        steps_per_eval_image=100,
+        steps_per_eval_batch=0,
+        steps_per_save=2000,
+        steps_per_eval_all_images=1000,
+        max_num_iterations=steps,
+        mixed_precision=False,
+        pipeline=Rh3dgsPipelineConfig(
+            datamanager=Rh3dgsDataManagerConfig(
+                dataparser=NerfstudioDataParserConfig(load_3D_points=True),
+                cache_images_type="uint8",
+            ),
+            model=Rh3dgsModelConfig(
+                semantic_warmup_steps=1000,
+                vfm=VFMConfig(anneal_steps=10000),
+                lic=LICConfig(warmup_steps=5000, refresh_every=500, num_anchors=1024),
+            ),
+        ),
+        optimizers=make_optimizers(steps),
+        viewer=ViewerConfig(num_rays_per_chunk=1 << 15),
+        vis="viewer",
+    )
+
+
+def rh3dgs_lite_config() -> TrainerConfig:
+    """CPU-sized preset: 300 steps, no image pyramid, <= 4k seed points, densification
+    between steps 60 and 240, semantic ramp 60 steps, LIC from step 150, delta annealed over 240."""
+    steps = 300
+    return TrainerConfig(
+        method_name="rh3dgs-lite",
+        steps_per_eval_image=150,
+        steps_per_eval_batch=0,
+        steps_per_save=300,
+        steps_per_eval_all_images=100000,
+        max_num_iterations=steps,
+        mixed_precision=False,
+        logging=LoggingConfig(steps_per_log=50),
+        pipeline=Rh3dgsPipelineConfig(
+            datamanager=Rh3dgsDataManagerConfig(
+                dataparser=NerfstudioDataParserConfig(load_3D_points=True),
+                cache_images_type="uint8",
+            ),
+            model=Rh3dgsModelConfig(
+                max_init_points=4000,
+                num_downscales=0,
+                sh_degree=1,
+                sh_degree_interval=100,
+                warmup_length=60,
+                refine_every=30,
+                stop_split_at=240,
+                reset_alpha_every=100,  # x refine_every = 3000 > steps: no opacity reset
+                stop_screen_size_at=0,  # no screen-size split/prune: 5% of a 64 px image is 3 px
+                latent_dim=8,
+                semantic_warmup_steps=60,
+                lambda_sem=0.2,
+                vfm=VFMConfig(anneal_steps=240, mean_iters=8),
+                lambda_con=0.05,
+                lic=LICConfig(warmup_steps=150, refresh_every=60, num_anchors=256, num_clusters=16, radius=0.1),
+            ),
+        ),
+        optimizers=make_optimizers(steps),
+        viewer=ViewerConfig(num_rays_per_chunk=1 << 15),
+        vis="viewer",
+    )
+
+
+rh3dgs_method = MethodSpecification(
+    config=rh3dgs_config(),
+    description="Rh-3DGS: splatfacto + semantic latents distilled with VCD-weighted Riemannian Huber (VFM) and LIC.",
+)
+
+rh3dgs_lite_method = MethodSpecification(
+    config=rh3dgs_lite_config(),
+    description="Rh-3DGS, small CPU-friendly preset (300 steps; e.g. --machine.device-type cpu).",
+)

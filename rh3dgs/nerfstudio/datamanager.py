@@ -1,0 +1,135 @@
+"""``Rh3dgsDataManager``: nerfstudio's full-image datamanager + per-view teacher feature maps.
+
+Teacher maps come from rh3dgs's teacher layer (:mod:`rh3dgs.teachers`): the teacher named
+by ``teacher`` (``precomputed`` / ``clip`` / ``tiny-clip``) is run once per image through
+:func:`rh3dgs.teachers.extract_features` (an on-disk cache, reused across runs) and read with
+:func:`rh3dgs.teachers.load_cached`. Each training / eval batch carries ``batch["teacher"]``:
+``[H, W, D]`` unit features at the camera's image size (or at the teacher's own resolution
+with ``teacher_at_image_size=False``; the model resizes to its loss resolution either way).
+
+Extraction is lazy (first batch, or :meth:`Rh3dgsDataManager.teacher_maps`), so loading a
+trained run for viewing / export never needs the teacher.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Literal, Optional, Tuple, Type, Union
+
+import torch
+
+from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatamanager, FullImageDatamanagerConfig
+from nerfstudio.data.datasets.base_dataset import InputDataset
+from nerfstudio.utils.rich_utils import CONSOLE
+
+from ..teachers import TeacherConfig, extract_features, load_cached
+
+__all__ = ["Rh3dgsDataManagerConfig", "Rh3dgsDataManager"]
+
+
+@dataclass
+class Rh3dgsDataManagerConfig(FullImageDatamanagerConfig):
+    """Full-image datamanager with teacher features."""
+
+    _target: Type = field(default_factory=lambda: Rh3dgsDataManager)
+    teacher: TeacherConfig = field(default_factory=lambda: TeacherConfig(name="precomputed"))
+    """The 2D teacher (``precomputed`` reads ``<data>/features/<image stem>.npy`` by default)."""
+    teacher_cache_dir: Optional[Path] = None
+    """Root of the feature cache (default ``<data dir>/rh3dgs_cache``)."""
+    teacher_at_image_size: bool = True
+    """Hand ``batch["teacher"]`` at the image size (False: at the teacher's resolution; saves
+    memory on large images, the model resizes)."""
+    cache_images: Literal["cpu", "gpu"] = "gpu"
+    """'gpu' = on the training device (also right for CPU training: 'cpu' pins memory, which
+    needs a CUDA driver)."""
+
+
+class Rh3dgsDataManager(FullImageDatamanager[InputDataset]):
+    """See module docstring."""
+
+    config: Rh3dgsDataManagerConfig
+
+    def __init__(self, config: Rh3dgsDataManagerConfig, device: Union[torch.device, str] = "cpu", *args, **kwargs):
+        if str(device).startswith("cpu") and config.cache_images == "cpu":
+            config.cache_images = "gpu"  # == the device; pin_memory() would need CUDA
+        super().__init__(config, device, *args, **kwargs)
+        self._teacher_files: Dict[str, List[Path]] = {}
+        self._teacher_native: Dict[Tuple[str, int], torch.Tensor] = {}
+
+    # ------------------------------------------------------------------ teacher
+    @property
+    def data_dir(self) -> Path:
+        data = Path(self.config.dataparser.data)
+        return data.parent if data.is_file() else data
+
+    def teacher_config(self) -> TeacherConfig:
+        """The teacher config with defaults resolved against the data folder."""
+        import dataclasses
+
+        t = self.config.teacher
+        if t.name == "precomputed" and not t.features_dir:
+            t = dataclasses.replace(t, features_dir=str(self.data_dir / "features"))
+        return t
+
+    def teacher_spec(self) -> Dict:
+        """JSON-able spec ``{"name": ..., **kwargs}`` (for :func:`rh3dgs.teachers.teacher_from_spec`)."""
+        t = self.teacher_config()
+        return {"name": t.name, **t.teacher_kwargs()}
+
+    def _dataset(self, split: str):
+        return self.train_dataset if split == "train" else self.eval_dataset
+
+    def teacher_files(self, split: str) -> List[Path]:
+        """Cached feature files of every image of ``split`` (extracted on first call)."""
+        if split not in self._teacher_files:
+            ds = self._dataset(split)
+            images = [Path(p) for p in ds._dataparser_outputs.image_filenames]
+            teacher = self.teacher_config().setup()
+            cache = Path(self.config.teacher_cache_dir) if self.config.teacher_cache_dir else self.data_dir / "rh3dgs_cache"
+            stats: Dict[str, int] = {}
+            self._teacher_files[split] = extract_features(teacher, images, cache, progress=False, stats=stats)
+            CONSOLE.log(f"rh3dgs teacher '{teacher.name}' ({split}): {stats.get('computed', 0)} computed, "
+                        f"{stats.get('reused', 0)} reused from {cache}")
+        return self._teacher_files[split]
+
+    def teacher_map(self, split: str, idx: int, size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+        """[h, w, D] unit teacher features of image ``idx`` (at ``size`` = (H, W) if given), on CPU."""
+        key = (split, int(idx))
+        if key not in self._teacher_native:
+            self._teacher_native[key] = load_cached(self.teacher_files(split)[idx]).half()
+        m = self._teacher_native[key].float()
+        if size is not None and tuple(m.shape[:2]) != tuple(size):
+            from ..teachers import upsample_features
+
+            m = upsample_features(m, size)
+        return m
+
+    def teacher_maps(self, split: str = "train") -> List[torch.Tensor]:
+        """All teacher maps of a split at native resolution."""
+        return [self.teacher_map(split, i) for i in range(len(self._dataset(split)))]
+
+    def _with_teacher(self, split: str, idx: int, data: Dict) -> Dict:
+        img = data["image"]
+        size = (int(img.shape[0]), int(img.shape[1])) if self.config.teacher_at_image_size else None
+        data["teacher"] = self.teacher_map(split, idx, size).to(self.device)
+        return data
+
+    # ------------------------------------------------------------------ batches
+    def next_train(self, step: int):
+        camera, data = super().next_train(step)
+        idx = int(camera.metadata["cam_idx"])
+        return camera, self._with_teacher("train", idx, data)
+
+    def next_eval_image(self, step: int):
+        camera, data = super().next_eval_image(step)
+        idx = int(data["image_idx"]) if "image_idx" in data else None
+        if idx is None:  # pragma: no cover - InputDataset always sets image_idx
+            return camera, data
+        return camera, self._with_teacher("eval", idx, data)
+
+    @property
+    def fixed_indices_eval_dataloader(self):
+        out = []
+        for i, (camera, data) in enumerate(super().fixed_indices_eval_dataloader):
+            out.append((camera, self._with_teacher("eval", i, data)))
+        return out

@@ -1,0 +1,272 @@
+"""Read a trained ``ns-train rh3dgs`` run back: Gaussians with latents, decoder, cameras, teacher.
+
+* :func:`load_nerfstudio_scene` ``(config.yml) -> (Gaussians, decoder [D, d], Cameras | None, teacher spec)``
+* :func:`export_semantic_ply` ``(config.yml, out.ply)``: standard 3DGS PLY + ``sem_*`` latents.
+
+Frames: nerfstudio trains in its *normalised* frame (the dataparser re-orients, centres and
+scales the poses; ``dataparser_transforms.json`` in the run folder records it as
+``x_ns = scale * (T @ [x; 1])``). ``frame="data"`` (default) maps the Gaussians back to the
+frame of the dataset's own ``transforms.json`` (means, log-scales, rotations and the
+view-dependent SH coefficients are transformed), so they line up with the cameras that
+:func:`rh3dgs.load_transforms` reads; ``frame="nerfstudio"`` keeps the training frame and
+transforms the cameras instead.
+
+Checkpoints are read with ``torch.load(weights_only=True)`` (what torch >= 2.6 does by
+default; rh3dgs checkpoints hold only tensors and plain containers). A checkpoint that needs
+full unpickling (e.g. written by another nerfstudio model) is retried with
+``weights_only=False`` only when ``trust_checkpoint=True``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import pickle
+from pathlib import Path
+from typing import Any, Dict, Literal, Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..cameras import Cameras, OPENGL_TO_OPENCV
+from ..errors import Rh3dgsError
+from ..gaussians import Gaussians
+
+__all__ = ["load_nerfstudio_scene", "export_semantic_ply", "load_run_config", "find_checkpoint",
+           "load_checkpoint", "rotate_sh"]
+
+PathLike = Union[str, os.PathLike]
+C0 = 0.28209479177387814
+
+
+class NerfstudioRunError(Rh3dgsError):
+    """A nerfstudio run folder / config / checkpoint that cannot be read."""
+
+
+def load_run_config(config_yml: PathLike):
+    """The TrainerConfig stored in a run's ``config.yml``."""
+    import yaml
+
+    path = Path(config_yml)
+    if not path.is_file():
+        raise NerfstudioRunError(f"{path}: nerfstudio config file not found")
+    try:
+        return yaml.load(path.read_text(), Loader=yaml.Loader)
+    except Exception as e:
+        raise NerfstudioRunError(f"{path}: cannot read the nerfstudio config ({type(e).__name__}: {e})") from None
+
+
+def find_checkpoint(config_yml: PathLike, config=None, step: Optional[int] = None) -> Path:
+    """``<run>/<relative_model_dir>/step-XXXXXXXXX.ckpt`` (latest, or ``step``); the run folder is
+    the config's folder, so runs can be moved and loaded from any working directory."""
+    config = config if config is not None else load_run_config(config_yml)
+    rel = Path(getattr(config, "relative_model_dir", "nerfstudio_models"))
+    folder = Path(config_yml).parent / rel
+    ckpts = sorted(folder.glob("step-*.ckpt")) if folder.is_dir() else []
+    if not ckpts:
+        raise NerfstudioRunError(f"{folder}: no step-*.ckpt checkpoint in the run folder")
+    if step is None:
+        return max(ckpts, key=lambda p: int(p.stem.split("-")[1]))
+    p = folder / f"step-{int(step):09d}.ckpt"
+    if not p.is_file():
+        raise NerfstudioRunError(f"{p}: checkpoint for step {step} not found")
+    return p
+
+
+def load_checkpoint(path: PathLike, trust_checkpoint: bool = False) -> Dict[str, Any]:
+    """``torch.load`` with ``weights_only=True``; with ``trust_checkpoint`` falls back to full unpickling."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        if not trust_checkpoint:
+            raise NerfstudioRunError(f"{path}: checkpoint needs full unpickling (weights_only=False); pass "
+                                     f"trust_checkpoint=True if you trust it ({str(e).splitlines()[0]})") from None
+        return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def _model_state(ckpt: Dict[str, Any], path: Path) -> Dict[str, Tensor]:
+    state = ckpt.get("pipeline", ckpt)
+    out = {}
+    for k, v in state.items():
+        for prefix in ("_model.module.", "_model."):
+            if k.startswith(prefix):
+                out[k[len(prefix):]] = v
+                break
+    if "gauss_params.means" not in out:
+        raise NerfstudioRunError(f"{path}: no Gaussian parameters (_model.gauss_params.*) in the checkpoint")
+    return out
+
+
+def _quat_from_rotmat(R: Tensor) -> Tensor:
+    """[3, 3] rotation -> (w, x, y, z) unit quaternion."""
+    R = R.double()
+    m = R
+    t = m.trace()
+    if t > 0:
+        s = math.sqrt(float(t) + 1.0) * 2
+        q = [0.25 * s, (m[2, 1] - m[1, 2]) / s, (m[0, 2] - m[2, 0]) / s, (m[1, 0] - m[0, 1]) / s]
+    elif m[0, 0] > m[1, 1] and m[0, 0] > m[2, 2]:
+        s = math.sqrt(1.0 + float(m[0, 0] - m[1, 1] - m[2, 2])) * 2
+        q = [(m[2, 1] - m[1, 2]) / s, 0.25 * s, (m[0, 1] + m[1, 0]) / s, (m[0, 2] + m[2, 0]) / s]
+    elif m[1, 1] > m[2, 2]:
+        s = math.sqrt(1.0 + float(m[1, 1] - m[0, 0] - m[2, 2])) * 2
+        q = [(m[0, 2] - m[2, 0]) / s, (m[0, 1] + m[1, 0]) / s, 0.25 * s, (m[1, 2] + m[2, 1]) / s]
+    else:
+        s = math.sqrt(1.0 + float(m[2, 2] - m[0, 0] - m[1, 1])) * 2
+        q = [(m[1, 0] - m[0, 1]) / s, (m[0, 2] + m[2, 0]) / s, (m[1, 2] + m[2, 1]) / s, 0.25 * s]
+    q = torch.tensor([float(x) for x in q], dtype=torch.float64)
+    return q / q.norm()
+
+
+def _quat_mul(a: Tensor, b: Tensor) -> Tensor:
+    """Hamilton product a * b, (w, x, y, z); a [4] or [N, 4], b [N, 4]."""
+    aw, ax, ay, az = a.unbind(-1)
+    bw, bx, by, bz = b.unbind(-1)
+    return torch.stack([aw * bw - ax * bx - ay * by - az * bz,
+                        aw * bx + ax * bw + ay * bz - az * by,
+                        aw * by - ax * bz + ay * bw + az * bx,
+                        aw * bz + ax * by - ay * bx + az * bw], -1)
+
+
+def rotate_sh(shN: Tensor, R: Tensor, n_dirs: int = 256) -> Tensor:
+    """Rotate higher SH coefficients [N, K, 3] (gsplat's basis) for a world rotation R [3, 3].
+
+    The new coefficients c' satisfy ``color'(R d) = color(d)`` for every direction d; found per
+    band by least squares on ``n_dirs`` directions (exact: rotations do not mix bands).
+    """
+    K = shN.shape[1]
+    if K == 0:
+        return shN
+    from gsplat.cuda._torch_impl import _eval_sh_bases_fast
+
+    gen = torch.Generator().manual_seed(0)
+    X = F.normalize(torch.randn(n_dirs, 3, generator=gen, dtype=torch.float64), dim=-1)
+    R = R.double()
+    Y = _eval_sh_bases_fast(K + 1, X.float()).double()[:, 1:]  # Y(d)      [M, K]
+    Yr = _eval_sh_bases_fast(K + 1, (X @ R.T).float()).double()[:, 1:]  # Y(R d) [M, K]
+    # color'(R d) = Yr c' = Y c  ->  c' = pinv(Yr) Y c
+    M = torch.linalg.lstsq(Yr, Y).solution  # [K, K]
+    return torch.einsum("kj,njc->nkc", M.to(shN.dtype), shN)
+
+
+def _dataparser_transform(run_dir: Path) -> Tuple[Tensor, float]:
+    path = run_dir / "dataparser_transforms.json"
+    if not path.is_file():
+        return torch.eye(4, dtype=torch.float64)[:3], 1.0
+    meta = json.loads(path.read_text())
+    return torch.tensor(meta["transform"], dtype=torch.float64), float(meta["scale"])
+
+
+def _data_dir(config) -> Optional[Path]:
+    dm = config.pipeline.datamanager
+    data = getattr(dm, "data", None) or getattr(dm.dataparser, "data", None)
+    if data is None:
+        return None
+    data = Path(data)
+    return data.parent if data.suffix == ".json" else data
+
+
+def load_nerfstudio_scene(
+    config_yml: PathLike,
+    device: Union[str, torch.device] = "cpu",
+    frame: Literal["data", "nerfstudio"] = "data",
+    step: Optional[int] = None,
+    trust_checkpoint: bool = False,
+) -> Tuple[Gaussians, Tensor, Optional[Cameras], Dict[str, Any]]:
+    """Load a trained rh3dgs nerfstudio run.
+
+    Args:
+        config_yml: the run's ``config.yml``.
+        device: where the returned tensors live.
+        frame: ``"data"`` (the dataset's transforms.json frame) or ``"nerfstudio"`` (training frame).
+        step: checkpoint step (default: the latest).
+        trust_checkpoint: allow ``weights_only=False`` for checkpoints that need it.
+
+    Returns:
+        ``(gaussians, decoder, cameras, teacher_spec)``: :class:`rh3dgs.Gaussians` with
+        ``latents`` [N, d]; the decoder [D, d]; the dataset's cameras in ``frame`` (None when the
+        data folder or its transforms.json is not there); the teacher as a spec dict
+        (:func:`rh3dgs.teachers.teacher_from_spec`), with ``features_dir`` resolved.
+    """
+    config_yml = Path(config_yml)
+    config = load_run_config(config_yml)
+    ckpt_path = find_checkpoint(config_yml, config, step)
+    state = _model_state(load_checkpoint(ckpt_path, trust_checkpoint), ckpt_path)
+    if "gauss_params.latents" not in state or "decoder" not in state:
+        raise NerfstudioRunError(f"{ckpt_path}: not an rh3dgs run (no latents / decoder in the checkpoint)")
+    g = {k[len("gauss_params."):]: v.float() for k, v in state.items() if k.startswith("gauss_params.")}
+    model_cfg = config.pipeline.model
+    sh_degree = int(getattr(model_cfg, "sh_degree", 3))
+    if sh_degree > 0:
+        sh0, shN = g["features_dc"][:, None, :], g["features_rest"]
+    else:
+        sh0 = ((torch.sigmoid(g["features_dc"]) - 0.5) / C0)[:, None, :]
+        shN = g["features_dc"].new_zeros(g["features_dc"].shape[0], 0, 3)
+    means, scales, quats = g["means"], g["scales"], g["quats"]
+
+    T, scale = _dataparser_transform(config_yml.parent)
+    R, t = T[:, :3], T[:, 3]
+    if frame == "data":
+        means = ((means.double() / scale - t) @ R).float()  # R^T (x / s - t)
+        scales = scales - math.log(scale)
+        qRt = _quat_from_rotmat(R.T)
+        quats = _quat_mul(qRt[None].float(), F.normalize(quats, dim=-1))
+        shN = rotate_sh(shN, R.T)
+    elif frame != "nerfstudio":
+        raise NerfstudioRunError(f"frame must be 'data' or 'nerfstudio', got {frame!r}")
+    gaussians = Gaussians(means=means.contiguous(), scales=scales.contiguous(), quats=quats.contiguous(),
+                          opacities=g["opacities"].reshape(-1), sh0=sh0.contiguous(), shN=shN.contiguous(),
+                          latents=g["latents"].contiguous()).to(device)
+    decoder = state["decoder"].float().to(device)
+
+    cameras = None
+    data_dir = _data_dir(config)
+    if data_dir is not None and (data_dir / "transforms.json").is_file():
+        from ..io.transforms import load_transforms
+
+        try:
+            cameras, _ = load_transforms(data_dir, check_images=False)
+        except Rh3dgsError:
+            cameras = None
+        if cameras is not None and frame == "nerfstudio":
+            c2w = cameras.c2w_opengl.double()
+            Tm = torch.eye(4, dtype=torch.float64)
+            Tm[:3] = T
+            c2w = Tm @ c2w
+            c2w[:, :3, 3] *= scale
+            viewmats = torch.linalg.inv(c2w @ OPENGL_TO_OPENCV.double()).float()
+            cameras = Cameras(viewmats=viewmats, Ks=cameras.Ks, width=cameras.width, height=cameras.height,
+                              names=cameras.names)
+        if cameras is not None:
+            cameras = cameras.to(device)
+
+    teacher_spec: Dict[str, Any] = {}
+    tcfg = getattr(config.pipeline.datamanager, "teacher", None)
+    if tcfg is not None:
+        import dataclasses
+
+        if tcfg.name == "precomputed" and not tcfg.features_dir and data_dir is not None:
+            tcfg = dataclasses.replace(tcfg, features_dir=str(data_dir / "features"))
+        try:
+            teacher_spec = {"name": tcfg.name, **tcfg.teacher_kwargs()}
+        except Rh3dgsError:
+            teacher_spec = {"name": tcfg.name}
+    return gaussians, decoder, cameras, teacher_spec
+
+
+def export_semantic_ply(config_yml: PathLike, out_path: PathLike, frame: Literal["data", "nerfstudio"] = "data",
+                        step: Optional[int] = None, trust_checkpoint: bool = False) -> Path:
+    """Write the run's Gaussians as a standard 3DGS PLY with ``sem_*`` latent fields; returns the path.
+
+    The decoder is not a per-Gaussian field: it is written beside the PLY as
+    ``<out>.decoder.npy`` ([D, d] float32).
+    """
+    import numpy as np
+
+    from ..io.ply import save_ply
+
+    gaussians, decoder, _, _ = load_nerfstudio_scene(config_yml, "cpu", frame, step, trust_checkpoint)
+    out = save_ply(out_path, gaussians)
+    np.save(str(Path(out).with_suffix(".decoder.npy")), decoder.numpy().astype(np.float32))
+    return Path(out)

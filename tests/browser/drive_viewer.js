@@ -1,0 +1,114 @@
+// Drive `rh3dgs view` in headless Debian chromium (playwright-core, no browser download).
+//
+//   node drive_viewer.js URL OUTDIR QUERY [HEAT_OUTPUT_LABEL]
+//
+// Steps (each waits for the viewer's "Frame N (full) ..." line before the screenshot):
+//   1. open the page                          -> OUTDIR/rgb.png      (no query)
+//   2. type QUERY into "Positives"            -> OUTDIR/overlay.png  (default output: RGB + relevancy)
+//   3. untick "Show selection", choose HEAT_OUTPUT_LABEL in "Output"
+//                                             -> OUTDIR/heat.png     (turbo heat map)
+//   4. click "Export selection", wait for "Exported ..."
+// Prints one JSON line: {"frames": {...}, "export": "...", "panel": {x, y, width, height}, "viewport": ...}.
+// Exit code 1 with a message on any failure (timeouts included).
+'use strict';
+const path = require('path');
+const fs = require('fs');
+const { chromium } = require('playwright-core');
+
+const [url, outdir, query, heatLabel = 'Relevancy (turbo)'] = process.argv.slice(2);
+const EXE = process.env.CHROMIUM || '/usr/bin/chromium';
+const TIMEOUT = Number(process.env.VIEWER_TIMEOUT_MS || 90000);
+
+function frameInfo(text) {
+  const m = /Frame\s+(\d+)\s+\((full|moving)\)/.exec(text || '');
+  return m ? { n: Number(m[1]), full: m[2] === 'full', text } : null;
+}
+
+// viser 0.2.7's text inputs carry a label whose `for` does not match the input id, so find the
+// input in the label's row instead of getByLabel.
+function inputFor(page, label) {
+  return page.locator(`xpath=//label[normalize-space(.)='${label}']/ancestor::div[contains(@class,'mantine-Flex-root')][1]//input`).first();
+}
+
+async function infoText(page) {
+  const loc = page.getByText(/Frame\s+\d+\s+\(/).first();
+  return (await loc.count()) ? await loc.innerText() : '';
+}
+
+// Wait for a full-resolution frame numbered above `after` whose line satisfies `pred`.
+async function waitFullFrame(page, after, pred = () => true) {
+  const t0 = Date.now();
+  for (;;) {
+    const f = frameInfo(await infoText(page));
+    if (f && f.full && f.n > after && pred(f.text)) {
+      await page.waitForTimeout(1500); // let the browser decode and draw the background image
+      return f;
+    }
+    if (Date.now() - t0 > TIMEOUT) throw new Error(`no full frame after #${after} within ${TIMEOUT} ms (last: ${f && f.text})`);
+    await page.waitForTimeout(200);
+  }
+}
+
+(async () => {
+  fs.mkdirSync(outdir, { recursive: true });
+  const userDataDir = fs.mkdtempSync(path.join(outdir, 'chromium-profile-'));
+  const context = await chromium.launchPersistentContext(userDataDir, {
+    executablePath: EXE,
+    headless: true,
+    viewport: { width: 1200, height: 700 },
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+      '--disable-background-networking', '--disable-component-update', '--disable-sync',
+      // WebGL (three.js canvas) through SwiftShader: recent chromium needs this opt-in without a GPU
+      '--enable-unsafe-swiftshader', '--use-angle=swiftshader'],
+  });
+  const result = { frames: {} };
+  try {
+    const page = context.pages()[0] || await context.newPage();
+    page.setDefaultTimeout(TIMEOUT);
+    await page.goto(url);
+
+    let f = await waitFullFrame(page, 0);
+    await page.screenshot({ path: path.join(outdir, 'rgb.png') });
+    result.frames.rgb = f.text;
+
+    await inputFor(page, 'Positives').fill(query);
+    f = await waitFullFrame(page, f.n, (t) => t.includes(`query: ${query}`));
+    await page.screenshot({ path: path.join(outdir, 'overlay.png') });
+    result.frames.overlay = f.text;
+
+    // the heat map without the selection's points on top (they are coloured by per-Gaussian relevancy)
+    await inputFor(page, 'Show selection').click({ force: true });
+    f = await waitFullFrame(page, f.n, (t) => t.includes(`query: ${query}`));
+
+    await inputFor(page, 'Output').click();
+    await page.getByRole('option', { name: heatLabel, exact: true }).click();
+    f = await waitFullFrame(page, f.n, (t) => t.includes(`query: ${query}`));
+    await page.screenshot({ path: path.join(outdir, 'heat.png') });
+    result.frames.heat = f.text;
+
+    await page.getByRole('button', { name: 'Export selection' }).click();
+    const exported = page.getByText(/Exported|Export failed/).first();
+    await exported.waitFor();
+    result.export = await exported.innerText();
+    result.status = await page.getByText(/Selection/).first().innerText();
+
+    const panel = await page.getByText('Text query', { exact: true }).first().evaluate((el) => {
+      let e = el;
+      // the floating panel: the highest ancestor narrower than the window
+      let best = e.getBoundingClientRect();
+      while (e.parentElement && e.parentElement !== document.body) {
+        e = e.parentElement;
+        const r = e.getBoundingClientRect();
+        if (r.width >= window.innerWidth * 0.9) break;
+        best = r;
+      }
+      return { x: best.x, y: best.y, width: best.width, height: best.height };
+    });
+    result.panel = panel;
+    result.viewport = page.viewportSize();
+    console.log(JSON.stringify(result));
+  } finally {
+    await context.close();
+    fs.rmSync(userDataDir, { recursive: true, force: true });
+  }
+})().catch((e) => { console.error(`drive_viewer: ${e && e.stack || e}`); process.exit(1); });

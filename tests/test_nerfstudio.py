@@ -1,0 +1,335 @@
+"""nerfstudio integration: ``ns-train rh3dgs`` / ``rh3dgs-lite`` (rh3dgs.nerfstudio).
+
+Fast tests build the pipeline on a small synthetic scene and check the pieces (latents in
+the densification strategy, CPU-safe LPIPS, losses and metrics, the relevancy hook, frame
+transforms). Slow tests run the real ``ns-train`` CLI on CPU, ``ns-eval`` on its checkpoint,
+and reload the run with :func:`rh3dgs.nerfstudio.export.load_nerfstudio_scene`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("nerfstudio")
+pytest.importorskip("gsplat")
+
+from rh3dgs.nerfstudio import METHOD_CONFIGS_ENV  # noqa: E402
+
+VENV_BIN = Path(sys.executable).parent
+
+
+def _ns_env() -> dict:
+    """Environment for nerfstudio subprocesses: register the methods through
+    NERFSTUDIO_METHOD_CONFIGS unless the entry point is installed."""
+    env = dict(os.environ)
+    names = set(entry_points(group="nerfstudio.method_configs").names)
+    if not {"rh3dgs", "rh3dgs-lite"} <= names:
+        env["NERFSTUDIO_METHOD_CONFIGS"] = METHOD_CONFIGS_ENV
+    env.setdefault("OMP_NUM_THREADS", str(max(1, min(2, os.cpu_count() or 1))))
+    return env
+
+
+def _make_dataset(root: Path, views: int = 8, size: int = 64, density: float = 6000.0) -> Path:
+    from rh3dgs.data.synthetic import SceneConfig, make_scene, write_dataset
+    from rh3dgs.data.teacher_sim import simulate_teacher
+
+    scene = make_scene(SceneConfig(num_views=views, image_size=size, gaussians_per_unit_area=density))
+    write_dataset(scene, root, progress=False)
+    simulate_teacher(root, progress=False)
+    return root
+
+
+@pytest.fixture(scope="module")
+def small_data(tmp_path_factory) -> Path:
+    return _make_dataset(tmp_path_factory.mktemp("ns_small") / "scene", views=10, size=32, density=800.0)
+
+
+def _lite(data: Path, out: Path, steps: int = 5):
+    from rh3dgs.nerfstudio.config import rh3dgs_lite_config
+
+    c = rh3dgs_lite_config()
+    c.pipeline.datamanager.data = data
+    c.pipeline.datamanager.teacher_cache_dir = out / "teacher_cache"
+    c.output_dir = out
+    c.machine.device_type = "cpu"
+    c.vis = "tensorboard"
+    c.max_num_iterations = steps
+    c.steps_per_save = steps
+    return c
+
+
+@pytest.fixture(scope="module")
+def pipeline(small_data, tmp_path_factory):
+    c = _lite(small_data, tmp_path_factory.mktemp("ns_pipe"))
+    c.pipeline.model.max_init_points = 1500
+    pipe = c.pipeline.setup(device="cpu", test_mode="val")
+    from nerfstudio.engine.optimizers import Optimizers
+
+    opt = Optimizers(c.optimizers, pipe.get_param_groups())
+    pipe.model.optimizers = opt.optimizers
+    return pipe, opt
+
+
+# ---------------------------------------------------------------------------- registration
+def test_method_specifications():
+    from nerfstudio.plugins.types import MethodSpecification
+
+    from rh3dgs.nerfstudio.config import rh3dgs_lite_method, rh3dgs_method
+    from rh3dgs.nerfstudio.model import Rh3dgsModelConfig
+
+    for spec, name in ((rh3dgs_method, "rh3dgs"), (rh3dgs_lite_method, "rh3dgs-lite")):
+        assert isinstance(spec, MethodSpecification)
+        assert spec.config.method_name == name
+        assert isinstance(spec.config.pipeline.model, Rh3dgsModelConfig)
+        assert {"latents", "decoder", "means"} <= set(spec.config.optimizers)
+    assert rh3dgs_lite_method.config.max_num_iterations <= 1000
+    assert rh3dgs_method.config.pipeline.model.use_absgrad is False
+
+
+@pytest.mark.slow
+def test_ns_train_help():
+    r = subprocess.run([str(VENV_BIN / "ns-train"), "rh3dgs", "--help"], env=_ns_env(), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "latent-dim" in r.stdout and "lambda-sem" in r.stdout
+
+
+# ---------------------------------------------------------------------------- model pieces
+def test_pipeline_builds_on_cpu_without_lpips_download(pipeline):
+    pipe, _ = pipeline
+    m = pipe.model
+    assert m.device.type == "cpu"
+    assert "latents" in m.gauss_params and m.latents.shape == (m.num_points, m.config.latent_dim)
+    D = pipe.datamanager.teacher_map("train", 0).shape[-1]
+    assert m.decoder.shape == (D, m.config.latent_dim)
+    assert m.semantics_initialized
+    # LPIPS is not a submodule: the state dict does not depend on its availability
+    assert not any("lpips" in k for k in m.state_dict())
+    if m.config.lpips == "auto":
+        from rh3dgs.nerfstudio.model import _alexnet_weights_available
+
+        if not _alexnet_weights_available():
+            assert torch.isnan(m.lpips(torch.rand(1, 3, 16, 16), torch.rand(1, 3, 16, 16)))
+
+
+def test_train_step_outputs_losses_and_strategy_info(pipeline):
+    pipe, opt = pipeline
+    m = pipe.model
+    m.train()
+    m.step = 200
+    cam, batch = pipe.datamanager.next_train(m.step)
+    H, W = batch["image"].shape[:2]
+    assert batch["teacher"].shape[:2] == (H, W)
+    out = m(cam)
+    assert out["rgb"].shape == (H, W, 3) and out["latents"].shape == (H, W, m.config.latent_dim)
+    info = m.info
+    assert {"means2d", "radii", "width", "height", "n_cameras"} <= set(info)
+    assert info["means2d"].shape == (1, m.num_points, 2) and info["radii"].shape == (1, m.num_points)
+    metrics = m.get_metrics_dict(out, batch)
+    assert 0 < float(metrics["sem_cos"]) <= 1 and "psnr" in metrics
+    losses = m.get_loss_dict(out, batch, metrics)
+    assert "vfm_loss" in losses and "lic_loss" in losses
+    loss = sum(losses.values())
+    assert torch.isfinite(loss)
+    loss.backward()
+    # the strategy reads means2d.grad (retain_grad from step_pre_backward)
+    assert info["means2d"].grad is not None and info["means2d"].grad.abs().sum() > 0
+    assert m.latents.grad is not None and m.latents.grad.abs().sum() > 0
+    assert m.decoder.grad is not None and m.decoder.grad.abs().sum() > 0
+    m.strategy._update_state(m.gauss_params, m.strategy_state, info, packed=False)
+    assert m.strategy_state["grad2d"].shape == (m.num_points,)
+    opt.zero_grad_all()
+
+
+def test_densification_carries_latents(pipeline):
+    from gsplat.strategy.ops import duplicate, remove, split
+
+    pipe, opt = pipeline
+    m = pipe.model
+    n = m.num_points
+    state = {"grad2d": torch.zeros(n), "count": torch.zeros(n), "radii": torch.zeros(n)}
+    with torch.no_grad():
+        m.gauss_params["latents"][0] = torch.arange(m.config.latent_dim, dtype=torch.float32)
+    mask = torch.zeros(n, dtype=torch.bool)
+    mask[0] = True
+    duplicate(m.gauss_params, opt.optimizers, state, mask)
+    assert m.latents.shape[0] == m.means.shape[0] == n + 1
+    assert torch.equal(m.latents[-1], m.latents[0])
+    split(m.gauss_params, opt.optimizers, state, torch.cat([mask, torch.zeros(1, dtype=torch.bool)]))
+    assert m.latents.shape[0] == m.means.shape[0] == n + 2
+    keep = torch.zeros(m.num_points, dtype=torch.bool)
+    keep[-2:] = True
+    remove(m.gauss_params, opt.optimizers, state, keep)
+    assert m.latents.shape[0] == m.means.shape[0] == n
+    # the optimizer follows the new parameter
+    assert opt.optimizers["latents"].param_groups[0]["params"][0] is m.gauss_params["latents"]
+
+
+def test_eval_outputs_metrics_and_relevancy_hook(pipeline):
+    pipe, _ = pipeline
+    m = pipe.model
+    m.eval()
+    cam, batch = pipe.datamanager.fixed_indices_eval_dataloader[0]
+    out = m.get_outputs_for_camera(cam)
+    assert out["semantics"].shape[-1] == 3
+    metrics, images = m.get_image_metrics_and_images(out, batch)
+    assert {"psnr", "ssim", "sem_cos", "sem_cos_vcd"} <= set(metrics)
+    assert all(math.isfinite(v) for v in metrics.values())
+    assert "semantics" in images
+    D = m.decoder.shape[0]
+    pos = torch.nn.functional.normalize(torch.randn(2, D), dim=-1)
+    neg = torch.nn.functional.normalize(torch.randn(4, D), dim=-1)
+    rel = m.relevancy_outputs(out, pos, neg)
+    assert set(rel) == {"relevancy_0", "relevancy_1"}
+    r0 = rel["relevancy_0"]
+    assert r0.shape == (*out["latents"].shape[:2], 1) and float(r0.min()) >= 0 and float(r0.max()) <= 1
+    # matches decoding every pixel then LERF relevancy
+    from rh3dgs.query import relevancy
+
+    z = m.decode(out["latents"])
+    ref = relevancy(z, pos, neg)
+    ok = out["latents"].norm(dim=-1) > 1e-3
+    assert torch.allclose(torch.cat([rel["relevancy_0"], rel["relevancy_1"]], -1)[ok], ref[ok], atol=1e-4)
+    m.train()
+
+
+def test_viewer_path_does_not_use_compiled_viewmat(pipeline, monkeypatch):
+    import nerfstudio.models.splatfacto as sf
+
+    def boom(*a, **k):
+        raise AssertionError("compiled get_viewmat called")
+
+    monkeypatch.setattr(sf, "get_viewmat", boom)
+    pipe, _ = pipeline
+    m = pipe.model
+    m.eval()
+    cam, _ = pipe.datamanager.fixed_indices_eval_dataloader[0]
+    out = m.get_outputs_for_camera(cam)
+    assert torch.isfinite(out["rgb"]).all()
+    m.train()
+
+
+def test_rotate_sh_matches_rotated_evaluation():
+    from gsplat.cuda._torch_impl import _spherical_harmonics
+
+    from rh3dgs.nerfstudio.export import rotate_sh
+
+    torch.manual_seed(0)
+    q = torch.nn.functional.normalize(torch.randn(4), dim=0)
+    from rh3dgs.data.synthetic import rotmat_to_quat  # noqa: F401  (same quaternion convention)
+    w, x, y, z = q
+    R = torch.tensor([[1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+                      [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+                      [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)]])
+    coeffs = torch.randn(5, 16, 3)
+    rot = torch.cat([coeffs[:, :1], rotate_sh(coeffs[:, 1:], R)], 1)
+    d = torch.nn.functional.normalize(torch.randn(5, 3), dim=-1)
+    a = _spherical_harmonics(3, d, coeffs)
+    b = _spherical_harmonics(3, d @ R.T, rot)  # color'(R d) == color(d)
+    assert torch.allclose(a, b, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------- end to end
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """Real ``ns-train rh3dgs-lite`` on CPU (64 x 64, 12 views); -> (config.yml, seconds, data dir)."""
+    root = tmp_path_factory.mktemp("ns_train")
+    data = _make_dataset(root / "scene", views=12, size=64)
+    out = root / "outputs"
+    cmd = [str(VENV_BIN / "ns-train"), "rh3dgs-lite", "--machine.device-type", "cpu", "--vis", "tensorboard",
+           "--output-dir", str(out), "--experiment-name", "synth", "--timestamp", "run",
+           "--viewer.quit-on-train-completion", "True",
+           "--pipeline.datamanager.teacher-cache-dir", str(root / "cache"), "--data", str(data)]
+    t0 = time.time()
+    r = subprocess.run(cmd, env=_ns_env(), capture_output=True, text=True, timeout=900, cwd=root)
+    seconds = time.time() - t0
+    (root / "ns-train.log").write_text(r.stdout + "\n" + r.stderr)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-4000:])
+    cfg = out / "synth" / "rh3dgs-lite" / "run" / "config.yml"
+    assert cfg.is_file()
+    print(f"ns-train rh3dgs-lite: {seconds:.1f} s")
+    return cfg, seconds, data
+
+
+@pytest.mark.slow
+def test_ns_train_lite_cpu_then_ns_eval(trained_run):
+    cfg, seconds, _ = trained_run
+    assert seconds < 600
+    ckpts = list((cfg.parent / "nerfstudio_models").glob("step-*.ckpt"))
+    assert ckpts
+    # checkpoints are weights_only-safe (torch >= 2.6 default in nerfstudio's own loaders)
+    torch.load(ckpts[0], map_location="cpu", weights_only=True)
+    out_json = cfg.parent / "eval.json"
+    r = subprocess.run([str(VENV_BIN / "ns-eval"), "--load-config", str(cfg), "--output-path", str(out_json)],
+                       env=_ns_env(), capture_output=True, text=True, timeout=600, cwd=cfg.parent)
+    assert r.returncode == 0, r.stderr[-4000:]
+    res = json.loads(out_json.read_text())["results"]
+    print("ns-eval:", {k: res[k] for k in res if not k.endswith("_std")})
+    assert res["psnr"] > 15.0
+    assert res["sem_cos"] > 0.6
+
+
+@pytest.mark.slow
+def test_load_nerfstudio_scene_and_export(trained_run, tmp_path):
+    from rh3dgs.io.ply import load_ply
+    from rh3dgs.nerfstudio.export import export_semantic_ply, load_nerfstudio_scene
+    from rh3dgs.render import render
+
+    cfg, _, data = trained_run
+    g, dec, cams, spec = load_nerfstudio_scene(cfg)
+    assert g.latents is not None and g.latents.shape[1] == dec.shape[1] == 8
+    assert dec.shape[0] == 64  # teacher dim of the simulated teacher
+    assert cams is not None and len(cams) == 12
+    assert spec["name"] == "precomputed" and Path(spec["features_dir"]) == data / "features"
+    # the data frame and the training frame render the same images
+    g_ns, _, cams_ns, _ = load_nerfstudio_scene(cfg, frame="nerfstudio")
+    a = render(g, cams[:2], g.latents)
+    b = render(g_ns, cams_ns[:2], g_ns.latents)
+    assert (a.rgb - b.rgb).abs().max() < 2e-3
+    assert (a.features - b.features).abs().max() < 2e-3
+    # training images are reproduced in the data frame (PSNR on the training views)
+    from PIL import Image
+    import numpy as np
+
+    gt = torch.from_numpy(np.asarray(Image.open(data / "images" / "frame_00001.png").convert("RGB"))).float() / 255
+    mse = ((a.rgb[1].clamp(0, 1) - gt) ** 2).mean()
+    assert -10 * math.log10(float(mse)) > 14.0
+    ply = export_semantic_ply(cfg, tmp_path / "semantic.ply")
+    back = load_ply(ply)
+    assert torch.allclose(back.latents, g.latents) and len(back) == len(g)
+    assert np.load(str(ply.with_suffix(".decoder.npy"))).shape == tuple(dec.shape)
+
+
+@pytest.mark.slow
+def test_resume_from_checkpoint_keeps_optimizing_the_loaded_parameters(trained_run, tmp_path):
+    """``--load-dir`` resume: torch.load of the checkpoint and the optimizers bound to the loaded Gaussians."""
+    from rh3dgs.nerfstudio.export import find_checkpoint, load_run_config
+
+    cfg_path, _, _ = trained_run
+    c = load_run_config(cfg_path)
+    ckpt = find_checkpoint(cfg_path, c)
+    before = torch.load(ckpt, map_location="cpu", weights_only=True)["pipeline"]
+    c.load_dir = ckpt.parent
+    c.output_dir = tmp_path
+    c.vis = "tensorboard"
+    c.max_num_iterations = 3
+    c.steps_per_save = 1000
+    c.steps_per_eval_image = 1000
+    c.set_timestamp()
+    trainer = c.setup(local_rank=0, world_size=1)
+    trainer.setup()
+    m = trainer.pipeline.model
+    assert torch.equal(m.means.detach(), before["_model.gauss_params.means"])
+    opt_means = trainer.optimizers.optimizers["means"].param_groups[0]["params"][0]
+    assert opt_means is m.gauss_params["means"]
+    trainer.train()
+    assert not torch.equal(m.latents.detach(), before["_model.gauss_params.latents"])
