@@ -28,7 +28,7 @@ $(EXT_STAMP): $(DEPS_STAMP) setup.py $(NATIVE_SRC)
 	@touch $@
 
 demo: install
-	$(VENV)/bin/rh3dgs demo --output outputs/demo
+	$(VENV)/bin/rh3dgs demo --output outputs/demo --overwrite
 
 test: install
 	$(PY) -m pytest -q tests

@@ -23,6 +23,25 @@ from .errors import ConfigError, Rh3dgsError
 __all__ = ["main"]
 
 
+def _output_dir(path, overwrite: bool) -> Path:
+    """An output folder that is new or empty, or may be overwritten (``--overwrite``)."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output {out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ConfigError(f"output folder {out} already exists and is not empty: pass --overwrite to replace "
+                          "its files, or choose another --output")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _output_file(path, overwrite: bool) -> Path:
+    out = Path(path)
+    if out.exists() and not overwrite:
+        raise ConfigError(f"output file {out} already exists: pass --overwrite to replace it")
+    return out
+
+
 def _save_render_pngs(result, names: List[str], out_dir: Path, start: int = 0) -> List[Path]:
     """Write RGB, depth and alpha PNGs of a RenderResult; returns the RGB paths."""
     import torch
@@ -48,7 +67,7 @@ def cmd_synth(args) -> int:
 
     cfg = SceneConfig(seed=args.seed, num_views=args.views, image_size=args.size)
     scene = make_scene(cfg)
-    paths = write_dataset(scene, args.output)
+    paths = write_dataset(scene, _output_dir(args.output, args.overwrite))
     print(f"wrote a synthetic dataset with {len(scene.gaussians)} Gaussians, {len(scene.cameras)} views, "
           f"classes {scene.class_names} to {paths['root']}")
     return 0
@@ -64,7 +83,7 @@ def cmd_render(args) -> int:
     gaussians = load_ply(args.scene)
     cams, images = load_transforms(args.transforms, check_images=False)
     names = [p.stem for p in images]
-    out = Path(args.output)
+    out = _output_dir(args.output, args.overwrite)
     for i in range(len(cams)):
         with torch.no_grad():
             r = render(gaussians, cams[i])
@@ -80,7 +99,7 @@ def cmd_demo(args) -> int:
     from .render import render
 
     t0 = time.time()
-    out = Path(args.output)
+    out = _output_dir(args.output, args.overwrite)
     cfg = SceneConfig(seed=args.seed, num_views=args.views, image_size=args.size)
     scene = make_scene(cfg)
     data = write_dataset(scene, out / "data")
@@ -171,7 +190,7 @@ def cmd_lift(args) -> int:
     if hasattr(teacher, "text_queries"):
         names = teacher.text_queries()
         table = dict(zip(names, teacher.encode_text(names)))
-    out = save_scene(args.output, gaussians, SemanticField(res.latents, res.decoder, res.valid), cams, images,
+    out = save_scene(_output_dir(args.output, args.overwrite), gaussians, SemanticField(res.latents, res.decoder, res.valid), cams, images,
                      teacher=spec, text_embeddings=table, info=res.info)
     print(f"lifted {len(gaussians)} Gaussians ({res.info['valid']} observed) over {len(cams)} views in "
           f"{res.info['seconds']:.1f} s -> {out}")
@@ -191,7 +210,7 @@ def cmd_query(args) -> int:
     if scene.cameras is None:
         raise ConfigError(f"{args.scene}: the scene has no cameras (transforms.json) to render queries from")
     views = range(len(scene.cameras)) if args.views is None else [int(v) for v in args.views.split(",")]
-    out = Path(args.output)
+    out = _output_dir(args.output, args.overwrite)
     names = scene.cameras.names or [f"view_{i:05d}" for i in range(len(scene.cameras))]
     for i in views:
         if not 0 <= i < len(scene.cameras):
@@ -208,6 +227,26 @@ def cmd_query(args) -> int:
         scene.export_ply(out / f"{stem}.ply", mask=sel)
         print(f"'{q}': {int(sel.sum())} of {len(scene)} Gaussians above {args.threshold} -> {out / (stem + '.ply')}")
     print(f"relevancy PNGs for {len(queries)} queries x {len(views)} views -> {out}")
+    return 0
+
+
+def cmd_select(args) -> int:
+    from .api import load
+
+    scene = load(args.scene)
+    negatives = None if args.negatives is None else [q.strip() for q in args.negatives.split(";") if q.strip()]
+    sel = scene.select(args.query, threshold=args.threshold, negatives=negatives)
+    out = scene.export_ply(_output_file(args.output, args.overwrite), mask=sel)
+    print(f"'{args.query}': {int(sel.sum())} of {len(scene)} Gaussians above {args.threshold} -> {out}")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from .api import load
+
+    scene = load(args.scene)
+    out = scene.export_ply(_output_file(args.output, args.overwrite))
+    print(f"{len(scene)} Gaussians{' with sem_* latents' if scene.field is not None else ''} -> {out}")
     return 0
 
 
@@ -272,6 +311,22 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--views", default=None, help="comma-separated camera indices (default: all)")
     q.add_argument("--output", required=True)
     q.set_defaults(func=cmd_query)
+
+    se = sub.add_parser("select", help="write the Gaussians relevant to a query as a standard 3DGS PLY")
+    se.add_argument("scene", help="semantic scene folder")
+    se.add_argument("query", help="a phrase, e.g. 'red mug'")
+    se.add_argument("--threshold", type=float, default=0.5)
+    se.add_argument("--negatives", default=None, help="semicolon-separated negatives")
+    se.add_argument("--output", required=True, help="PLY file to write")
+    se.set_defaults(func=cmd_select)
+
+    ex = sub.add_parser("export", help="write a scene as one 3DGS PLY (with sem_* latents when it has a field)")
+    ex.add_argument("scene", help="semantic scene folder or PLY")
+    ex.add_argument("--output", required=True, help="PLY file to write")
+    ex.set_defaults(func=cmd_export)
+
+    for sp in (d, s, r, li, q, se, ex):
+        sp.add_argument("--overwrite", action="store_true", help="replace existing outputs")
     return p
 
 

@@ -11,10 +11,17 @@ Without the entry point installed, ``NERFSTUDIO_METHOD_CONFIGS`` works too::
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Type
+
+import torch
+from torch.optim import lr_scheduler
+
 from nerfstudio.configs.base_config import LoggingConfig, ViewerConfig
 from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
 from nerfstudio.engine.optimizers import AdamOptimizerConfig
-from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig
+from nerfstudio.engine.schedulers import ExponentialDecayScheduler
+from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig as _NSExponentialDecaySchedulerConfig
 from nerfstudio.engine.trainer import TrainerConfig
 from nerfstudio.plugins.types import MethodSpecification
 
@@ -24,7 +31,30 @@ from .datamanager import Rh3dgsDataManagerConfig
 from .model import Rh3dgsModelConfig
 from .pipeline import Rh3dgsPipelineConfig
 
-__all__ = ["make_optimizers", "rh3dgs_config", "rh3dgs_lite_config", "rh3dgs_method", "rh3dgs_lite_method"]
+
+
+class FloatExponentialDecayScheduler(ExponentialDecayScheduler):
+    """nerfstudio's exponential decay with python-float learning rates.
+
+    nerfstudio's lambda returns numpy scalars, which end up in the optimizer / scheduler state
+    of every checkpoint and make ``torch.load(weights_only=True)`` (torch >= 2.6's default,
+    used by ``ns-train --load-dir``, ``ns-eval``, ``ns-viewer``) refuse it.
+    """
+
+    def get_scheduler(self, optimizer, lr_init):
+        probe = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=lr_init)
+        f = super().get_scheduler(probe, lr_init).lr_lambdas[0]
+        return lr_scheduler.LambdaLR(optimizer, lr_lambda=lambda step: float(f(step)))
+
+
+@dataclass
+class ExponentialDecaySchedulerConfig(_NSExponentialDecaySchedulerConfig):
+    """:class:`FloatExponentialDecayScheduler` (checkpoints loadable with ``weights_only=True``)."""
+
+    _target: Type = field(default_factory=lambda: FloatExponentialDecayScheduler)
+
+
+__all__ = ["ExponentialDecaySchedulerConfig", "make_optimizers", "rh3dgs_config", "rh3dgs_lite_config", "rh3dgs_method", "rh3dgs_lite_method"]
 
 
 def make_optimizers(max_steps: int) -> dict:
