@@ -150,18 +150,20 @@ class Scene:
         f = self._require_field()
         phi, neg = self.encode(queries), self._negatives(negatives)
         lat, alpha, _ = self.render_latents(camera)
-        rel = relevancy_from_cosines(f.cosine(lat, phi), f.cosine(lat, neg) if len(neg) else lat.new_zeros(*lat.shape[:2], 0),
-                                     self.temperature)
+        rel = self._relevancy(lat, phi, neg)
         return (rel * (alpha >= min_alpha)[..., None]).permute(2, 0, 1)
+
+    def _relevancy(self, latents: Tensor, phi: Tensor, neg: Tensor) -> Tensor:
+        """[..., d] latents -> [..., Q] relevancy; one fast-path cosine for queries and negatives together."""
+        cos = self._require_field().cosine(latents, torch.cat([phi, neg.to(phi)]))
+        return relevancy_from_cosines(cos[..., : len(phi)], cos[..., len(phi):], self.temperature)
 
     # ---------------------------------------------------------------- 3D
     def relevancy(self, queries: Union[Query, Sequence[Query]], negatives: Optional[Sequence[Query]] = None) -> Tensor:
         """Per-Gaussian relevancy [Q, N] (0 for Gaussians without a valid feature)."""
         f = self._require_field()
         phi, neg = self.encode(queries), self._negatives(negatives)
-        lat = f.latents.to(phi)
-        neg_cos = f.cosine(lat, neg) if len(neg) else lat.new_zeros(lat.shape[0], 0)
-        rel = relevancy_from_cosines(f.cosine(lat, phi), neg_cos, self.temperature).T
+        rel = self._relevancy(f.latents.to(phi), phi, neg).T
         if f.valid is not None:
             rel = rel * f.valid.to(rel.device)[None]
         return rel
