@@ -7,6 +7,8 @@
 //   a pixel stops before the Gaussian that would bring transmittance T to <= 1e-4.
 #pragma once
 
+#include <cmath>
+
 #if defined(__CUDACC__)
 #define RH_HD __host__ __device__ __forceinline__
 #else
@@ -25,6 +27,17 @@ constexpr float kSigmaSkip = 5.55f;
 // Returns sigma of a Gaussian at a pixel (sigma < 0 or sigma > kSigmaSkip means "skip").
 RH_HD float gauss_sigma(float a, float b, float c, float dx, float dy) {
   return 0.5f * (a * dx * dx + c * dy * dy) + b * dx * dy;
+}
+
+// Alpha of a Gaussian (conic a, b, c; opacity o) at offset (dx, dy) = mean2d - pixel.
+// Returns false when the pair is skipped (sigma < 0 or alpha < 1/255); otherwise sets
+// vis = exp(-sigma) and alpha = min(0.999, o * vis). The one place these rules live.
+RH_HD bool gauss_alpha(float a, float b, float c, float o, float dx, float dy, float& alpha, float& vis) {
+  const float sigma = gauss_sigma(a, b, c, dx, dy);
+  if (sigma < 0.0f || sigma > kSigmaSkip) return false;
+  vis = expf(-sigma);  // __expf under nvcc --use_fast_math
+  alpha = o * vis < kAlphaMax ? o * vis : kAlphaMax;
+  return alpha >= kAlphaMin;
 }
 
 }  // namespace rh3dgs

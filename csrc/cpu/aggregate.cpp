@@ -101,10 +101,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_cpu(
           float T = 1.0f;
           for (int64_t k = 0; k < K; ++k) {
             const float dx = lx[k] - fx, dy = ly[k] - fy;
-            const float sigma = gauss_sigma(la[k], lb[k], lc[k], dx, dy);
-            if (sigma < 0.0f || sigma > kSigmaSkip) continue;
-            const float a = std::min(kAlphaMax, lo[k] * std::exp(-sigma));
-            if (a < kAlphaMin) continue;
+            float a, vis;
+            if (!gauss_alpha(la[k], lb[k], lc[k], lo[k], dx, dy, a, vis)) continue;
             const float next_T = T * (1.0f - a);
             if (next_T <= kTransmittanceMin) break;
             const float w = a * T * pweight;

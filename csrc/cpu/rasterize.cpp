@@ -119,10 +119,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
           std::fill(acc.begin(), acc.end(), 0.0f);
           for (int64_t k = 0; k < K; ++k) {
             const float dx = lx[k] - fx, dy = ly[k] - fy;
-            const float sigma = gauss_sigma(la[k], lb[k], lc[k], dx, dy);
-            if (sigma < 0.0f || sigma > kSigmaSkip) continue;
-            const float a = std::min(kAlphaMax, lo[k] * std::exp(-sigma));
-            if (a < kAlphaMin) continue;
+            float a, vis;
+            if (!gauss_alpha(la[k], lb[k], lc[k], lo[k], dx, dy, a, vis)) continue;
             const float next_T = T * (1.0f - a);
             if (next_T <= kTransmittanceMin) break;
             const float w = a * T;
@@ -215,12 +213,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
             const int64_t g = fids[i];
             const float a_ = con[3 * g], b_ = con[3 * g + 1], c_ = con[3 * g + 2];
             const float dx = xy[2 * g] - fx, dy = xy[2 * g + 1] - fy;
-            const float sigma = gauss_sigma(a_, b_, c_, dx, dy);
-            if (sigma < 0.0f || sigma > kSigmaSkip) continue;
-            const float vis = std::exp(-sigma);
             const float o = opac[g];
-            const float a = std::min(kAlphaMax, o * vis);
-            if (a < kAlphaMin) continue;
+            float a, vis;
+            if (!gauss_alpha(a_, b_, c_, o, dx, dy, a, vis)) continue;
             const float ra = 1.0f / (1.0f - a);
             T *= ra;  // transmittance in front of this Gaussian
             const float w = a * T;

@@ -39,10 +39,8 @@ __global__ void rasterize_fwd_kernel(const float* __restrict__ xy, const float* 
   for (int64_t i = start; i < end; ++i) {
     const int64_t g = fids[i];
     const float dx = xy[2 * g] - fx, dy = xy[2 * g + 1] - fy;
-    const float sigma = gauss_sigma(con[3 * g], con[3 * g + 1], con[3 * g + 2], dx, dy);
-    if (sigma < 0.0f || sigma > kSigmaSkip) continue;
-    const float a = fminf(kAlphaMax, opac[g] * __expf(-sigma));
-    if (a < kAlphaMin) continue;
+    float a, vis;
+    if (!gauss_alpha(con[3 * g], con[3 * g + 1], con[3 * g + 2], opac[g], dx, dy, a, vis)) continue;
     const float next_T = T * (1.0f - a);
     if (next_T <= kTransmittanceMin) break;
     const float w = a * T;
@@ -91,12 +89,9 @@ __global__ void rasterize_bwd_kernel(const float* __restrict__ xy, const float* 
     const int64_t g = fids[i];
     const float a_ = con[3 * g], b_ = con[3 * g + 1], c_ = con[3 * g + 2];
     const float dx = xy[2 * g] - fx, dy = xy[2 * g + 1] - fy;
-    const float sigma = gauss_sigma(a_, b_, c_, dx, dy);
-    if (sigma < 0.0f || sigma > kSigmaSkip) continue;
-    const float vis = __expf(-sigma);
     const float o = opac[g];
-    const float a = fminf(kAlphaMax, o * vis);
-    if (a < kAlphaMin) continue;
+    float a, vis;
+    if (!gauss_alpha(a_, b_, c_, o, dx, dy, a, vis)) continue;
     const float ra = 1.0f / (1.0f - a);
     T *= ra;
     const float w = a * T;
