@@ -68,7 +68,10 @@ def _is_number(v: Any) -> bool:
 def _number(path: Path, v: Any, field: str, positive: bool = False) -> float:
     if not _is_number(v):
         raise CameraFormatError(path, f"expected a number, got {json.dumps(v)[:60]}", field=field)
-    f = float(v)
+    try:
+        f = float(v)
+    except OverflowError:  # an integer beyond the float range
+        raise CameraFormatError(path, f"number out of range: {str(v)[:30]}...", field=field) from None
     if not math.isfinite(f):
         raise CameraFormatError(path, f"non-finite value {v}", field=field)
     if positive and f <= 0:
@@ -147,15 +150,20 @@ def _read_json(path: Path) -> Any:
         raise CameraFormatError(path, f"invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from e
     except RecursionError as e:  # pragma: no cover - absurdly nested input
         raise CameraFormatError(path, "invalid JSON: nested too deeply") from e
+    except ValueError as e:  # e.g. an integer literal over Python's 4300-digit limit
+        raise CameraFormatError(path, f"invalid JSON: {e}") from e
 
 
-def load_transforms(path_or_dir: PathLike, check_images: bool = True) -> Tuple[Cameras, List[Path]]:
+def load_transforms(path_or_dir: PathLike, check_images: bool = True,
+                    require_images: bool = True) -> Tuple[Cameras, List[Path]]:
     """Load a nerfstudio ``transforms.json`` (or the folder holding one).
 
     Args:
         path_or_dir: the json file, or a folder containing ``transforms.json``.
         check_images: also open every image's header (cheap, PIL) and check its size
-            equals ``w`` x ``h``. The images must exist either way.
+            equals ``w`` x ``h``. The images must exist either way, unless
+        require_images: False, for callers that only need the cameras (a scene folder's
+            transforms.json refers to the dataset's images, which may live elsewhere).
 
     Returns ``(cameras, image_paths)``: :class:`Cameras` (float32, CPU, OpenCV
     world-to-camera ``viewmats``, names = image file stems) and the absolute-or-json-relative
@@ -239,7 +247,7 @@ def load_transforms(path_or_dir: PathLike, check_images: bool = True) -> Tuple[C
         ip = Path(fp)
         image_paths.append(ip if ip.is_absolute() else root / ip)
 
-    missing = [(i, ip) for i, ip in enumerate(image_paths) if not ip.is_file()]
+    missing = [(i, ip) for i, ip in enumerate(image_paths) if not ip.is_file()] if require_images else []
     if missing:
         listed = ", ".join(str(ip) for _, ip in missing[:_MAX_LISTED])
         more = f" and {len(missing) - _MAX_LISTED} more" if len(missing) > _MAX_LISTED else ""
@@ -248,7 +256,7 @@ def load_transforms(path_or_dir: PathLike, check_images: bool = True) -> Tuple[C
             f"{len(missing)} of {len(image_paths)} images not found: {listed}{more}",
             field=f"frames[{missing[0][0]}].file_path",
         )
-    if check_images:
+    if check_images and require_images:
         _check_image_sizes(path, image_paths, sizes[0])
 
     if distorted:
@@ -268,6 +276,12 @@ def load_transforms(path_or_dir: PathLike, check_images: bool = True) -> Tuple[C
     Ks[:, 0, 2] = torch.tensor(intr["cx"])
     Ks[:, 1, 2] = torch.tensor(intr["cy"])
     Ks[:, 2, 2] = 1.0
+    for name, t, fld in (("transform_matrix", viewmats, "transform_matrix"), ("intrinsics", Ks, "fl_x")):
+        bad = ~torch.isfinite(t).flatten(1).all(1)
+        if bad.any():  # finite in the file but beyond float32 range, or an ill-conditioned pose
+            i = int(bad.nonzero()[0])
+            raise CameraFormatError(path, f"{name} of frame {i} is out of range (overflows float32 or is "
+                                          "numerically singular)", field=f"frames[{i}].{fld}")
     cams = Cameras(viewmats=viewmats, Ks=Ks, width=w, height=h, names=[ip.stem for ip in image_paths])
     return cams, image_paths
 
