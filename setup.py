@@ -85,6 +85,10 @@ setup(
     },
     entry_points={
         "console_scripts": ["rh3dgs=rh3dgs.cli:main"],
+        "nerfstudio.method_configs": [
+            "rh3dgs = rh3dgs.nerfstudio.config:rh3dgs_method",
+            "rh3dgs-lite = rh3dgs.nerfstudio.config:rh3dgs_lite_method",
+        ],
     },
     ext_modules=_extensions(),
     cmdclass=_cmdclass(),

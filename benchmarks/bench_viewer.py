@@ -57,9 +57,10 @@ def _stage_breakdown(scene, cam, repeats: int) -> dict:
             "projection": lambda: _fully_fused_projection(g.means, R._covariances(g), cam.viewmats, cam.Ks, W, H,
                                                           eps2d=0.3, near_plane=0.01, far_plane=1e10),
             "tile binning": lambda: isect_tiles(means2d, radii, depths, 16, (W + 15) // 16, (H + 15) // 16),
-            "compositing, 3 channels": lambda: rasterize_to_pixels(means2d, conics, col, op, depths, W, H, 16, offsets, ids),
-            f"compositing, 3 + {LATENT_DIM} channels": lambda: rasterize_to_pixels(means2d, conics, lat, op, depths, W, H,
-                                                                                    16, offsets, ids),
+            "compositing, 3 channels": lambda: rasterize_to_pixels(means2d, conics, col, op, depths, W, H, 16,
+                                                                   offsets, ids),
+            f"compositing, 3 + {LATENT_DIM} channels": lambda: rasterize_to_pixels(means2d, conics, lat, op, depths,
+                                                                                    W, H, 16, offsets, ids),
         }
         out = {name: 1000 * timeit(fn, repeats=repeats, warmup=1)["median_s"] for name, fn in stages.items()}
     out["intersections"] = int(ids.numel())
@@ -76,6 +77,7 @@ def main(repeats: int = 7) -> dict:
     from rh3dgs.viewer.server import render_frame
 
     scene = build_scene()
+    threads = torch.get_num_threads()
     outputs = (OUTPUT_RGB, OUTPUT_OVERLAY, OUTPUT_HEAT)
     rows, runs = [], []
     for size in (SIZE, MOVING):
@@ -86,41 +88,52 @@ def main(repeats: int = 7) -> dict:
             ctls[output].update(positives="query", output=output)
             render_frame(scene, ctls[output], cam)  # warm-up
         times = {o: [] for o in outputs}
+        cpu = {o: [] for o in outputs}
         for _ in range(repeats):
             for output in outputs:
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 render_frame(scene, ctls[output], cam)
                 times[output].append(1000 * (time.perf_counter() - t))
+                cpu[output].append(1000 * (time.process_time() - c))
         for output in outputs:
-            ms = statistics.median(times[output])
+            ms, cpu_ms = statistics.median(times[output]), statistics.median(cpu[output])
             over = statistics.median([a / b - 1.0 for a, b in zip(times[output], times[OUTPUT_RGB])])
+            cpu_over = cpu_ms / statistics.median(cpu[OUTPUT_RGB]) - 1.0
             runs.append({"size": size, "output": output, "median_ms": ms, "min_ms": min(times[output]),
-                         "overhead_vs_rgb": over, "times_ms": times[output]})
+                         "overhead_vs_rgb": over, "cpu_ms": cpu_ms, "cpu_overhead_vs_rgb": cpu_over,
+                         "ideal_ms": cpu_ms / threads, "times_ms": times[output], "cpu_times_ms": cpu[output]})
+            dash = output == OUTPUT_RGB
             rows.append(f"| {size}x{size} | {output} | {ms:.0f} | {min(times[output]):.0f} | "
-                        f"{'-' if output == OUTPUT_RGB else f'{100 * over:+.1f} %'} |")
+                        f"{'-' if dash else f'{100 * over:+.1f} %'} | {cpu_ms:.0f} | {cpu_ms / threads:.0f} | "
+                        f"{'-' if dash else f'{100 * cpu_over:+.1f} %'} |")
     stages = _stage_breakdown(scene, orbit(1, SIZE), repeats=3)
     full = {r["output"]: r for r in runs if r["size"] == SIZE}
-    ok_time = full[OUTPUT_RGB]["median_ms"] < TARGET_MS
-    ok_over = full[OUTPUT_OVERLAY]["overhead_vs_rgb"] <= TARGET_OVERHEAD
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    rgb_ms, over = full[OUTPUT_RGB]["median_ms"], full[OUTPUT_OVERLAY]["overhead_vs_rgb"]
+    ideal_ms, cpu_over = full[OUTPUT_RGB]["ideal_ms"], full[OUTPUT_OVERLAY]["cpu_overhead_vs_rgb"]
     payload = {"setting": {"gaussians": N, "size": SIZE, "moving_size": MOVING, "latent_dim": LATENT_DIM,
-                           "teacher_dim": TEACHER_DIM, "repeats": repeats},
+                           "teacher_dim": TEACHER_DIM, "repeats": repeats, "threads": threads},
                "runs": runs, "stages_ms_512": stages, "load_average_1min": load,
                "targets": {"rgb_full_ms": TARGET_MS, "relevancy_overhead": TARGET_OVERHEAD,
-                           "rgb_full_met": ok_time, "overhead_met": ok_over},
+                           "rgb_full_met_wall": rgb_ms < TARGET_MS, "overhead_met_wall": over <= TARGET_OVERHEAD,
+                           "rgb_full_met_ideal": ideal_ms < TARGET_MS, "overhead_met_cpu": cpu_over <= TARGET_OVERHEAD},
                "peak_rss_mb": peak_rss_mb(), "machine": machine()}
     stage_rows = "\n".join(f"| {k} | {v:.0f} |" for k, v in stages.items() if k != "intersections")
+    yes = lambda ok: "met" if ok else "NOT met"  # noqa: E731
     md = (f"# viewer frame time (CPU)\n\n{N} Gaussians, latents d={LATENT_DIM}, teacher D={TEACHER_DIM}, "
-          f"{machine()['threads']} torch threads, {machine()['cpu_count']} CPUs, 1-min load average {load:.1f} "
-          "during the run. One frame = render + relevancy + colour map (`rh3dgs.viewer.server.render_frame`), "
-          f"no JPEG / websocket; {repeats} interleaved rounds.\n\n"
-          "| size | output | median (ms) | min (ms) | vs RGB (median of per-round ratios) |\n|---|---|---|---|---|\n"
-          + "\n".join(rows) +
-          f"\n\nRGB render at {SIZE}x{SIZE} by stage ({stages['intersections']:,} tile intersections):\n\n"
+          f"{threads} torch threads, {machine()['cpu_count']} CPUs, 1-min load average **{load:.1f}** at the end "
+          "of the run (other processes share the CPUs: wall times grow with the load; CPU time of this process "
+          "much less). One frame = render + relevancy + colour map (`rh3dgs.viewer.server.render_frame`), "
+          f"no JPEG / websocket; {repeats} interleaved rounds. 'ideal' = CPU time / threads, the wall time on "
+          "otherwise idle cores with perfect parallel scaling.\n\n"
+          "| size | output | wall median (ms) | wall min (ms) | wall vs RGB | CPU (ms) | ideal (ms) | CPU vs RGB |\n"
+          "|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) +
+          f"\n\nRGB render at {SIZE}x{SIZE} by stage, wall ({stages['intersections']:,} tile intersections):\n\n"
           "| stage | median (ms) |\n|---|---|\n" + stage_rows +
-          f"\n\ntargets: RGB full resolution < {TARGET_MS:.0f} ms: **{'met' if ok_time else 'NOT met'}** "
-          f"({full[OUTPUT_RGB]['median_ms']:.0f} ms); relevancy overhead <= {100 * TARGET_OVERHEAD:.0f} %: "
-          f"**{'met' if ok_over else 'NOT met'}** ({100 * full[OUTPUT_OVERLAY]['overhead_vs_rgb']:+.1f} %)\n")
+          f"\n\ntargets at {SIZE}x{SIZE}: RGB < {TARGET_MS:.0f} ms: wall **{yes(rgb_ms < TARGET_MS)}** "
+          f"({rgb_ms:.0f} ms), ideal **{yes(ideal_ms < TARGET_MS)}** ({ideal_ms:.0f} ms); relevancy overhead <= "
+          f"{100 * TARGET_OVERHEAD:.0f} %: wall **{yes(over <= TARGET_OVERHEAD)}** ({100 * over:+.1f} %), CPU time "
+          f"**{yes(cpu_over <= TARGET_OVERHEAD)}** ({100 * cpu_over:+.1f} %)\n")
     write_results("viewer", payload, md)
     print(md)
     return payload

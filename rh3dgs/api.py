@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from .cameras import Cameras
-from .errors import ConfigError, InputFileError, ShapeError
+from .errors import ConfigError, InputFileError, Rh3dgsError, ShapeError
 from .field import SemanticField
 from .gaussians import Gaussians
 from .query import CANONICAL_NEGATIVES, relevancy_from_cosines
@@ -193,6 +193,9 @@ def save_scene(folder, gaussians: Gaussians, field: Optional[SemanticField] = No
 
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
+    # rh3dgs.json is written last and marks a complete scene: drop an old one first, so that an
+    # interrupted overwrite leaves a folder `load` refuses, never a mix of old and new files.
+    (out / "rh3dgs.json").unlink(missing_ok=True)
     g = gaussians
     if field is not None:
         g = Gaussians(g.means, g.scales, g.quats, g.opacities, g.sh0, g.shN, field.latents, dict(g.extra))
@@ -232,16 +235,62 @@ def _text_encoder_from(meta: dict, folder: Path, arrays) -> Optional[TextEmbeddi
     return TextEmbeddings(table, fallback, source=str(folder))
 
 
+def _scene_file(meta_path: Path, meta: dict, key: str, default: Optional[str] = None, required: bool = False):
+    """The file named by ``meta[key]`` (a non-empty relative or absolute path string), or None."""
+    v = meta.get(key, default)
+    if v is None and not required:
+        return None
+    if not isinstance(v, str) or not v or "\x00" in v:
+        raise InputFileError(meta_path, f"must be a file name (a non-empty string), got {json.dumps(v)[:60]}", field=key)
+    return meta_path.parent / v
+
+
+def _read_field_npz(fpath: Path) -> Dict[str, np.ndarray]:
+    """Every array of field.npz, read eagerly; any corruption -> InputFileError naming the file."""
+    import zipfile
+    import zlib
+
+    try:
+        with np.load(fpath, allow_pickle=False) as z:
+            if not isinstance(z, np.lib.npyio.NpzFile):  # pragma: no cover - np.load returns arrays for .npy
+                raise InputFileError(fpath, "is not an .npz archive")
+            return {k: z[k] for k in z.files}
+    except InputFileError:
+        raise
+    except AttributeError:  # np.load returned a plain array (.npy bytes): no context manager / files
+        raise InputFileError(fpath, "is an .npy array, expected an .npz archive (decoder, valid, text_*)") from None
+    except (OSError, ValueError, EOFError, KeyError, TypeError, zipfile.BadZipFile, zlib.error, MemoryError,
+            NotImplementedError, RuntimeError) as exc:
+        raise InputFileError(fpath, f"cannot be read as .npz ({type(exc).__name__}: {exc})") from None
+
+
+def _field_array(fpath: Path, arrays: Dict[str, np.ndarray], key: str, ndim: int, kinds: str = "fiu") -> np.ndarray:
+    a = arrays[key]
+    if not isinstance(a, np.ndarray) or a.dtype.kind not in kinds or a.ndim != ndim:
+        raise InputFileError(fpath, f"must be a {ndim}-D {'numeric' if kinds != 'U' else 'string'} array, got "
+                                    f"{getattr(a, 'dtype', type(a).__name__)} of shape {getattr(a, 'shape', None)}",
+                             field=key)
+    if kinds != "U" and a.dtype.kind == "f" and not np.isfinite(a).all():
+        raise InputFileError(fpath, f"{int((~np.isfinite(a)).sum())} non-finite values (NaN/Inf)", field=key)
+    return a
+
+
 def load(path, device: Union[str, torch.device] = "cpu") -> Scene:
     """Open a semantic scene folder, its rh3dgs.json, or a 3DGS PLY.
 
-    Raises :class:`rh3dgs.errors.InputFileError` naming the path when it is none of these.
+    Raises :class:`rh3dgs.errors.InputFileError` (or a subclass: ``PlyFormatError``,
+    ``CameraFormatError``...) naming the file and field when it is none of these, or when
+    one of the scene's files is missing, corrupt, or inconsistent with the others.
     """
     from .io.ply import load_ply
     from .io.transforms import load_transforms
 
     p = Path(path)
-    if not p.exists():
+    try:
+        exists = p.exists()
+    except (OSError, ValueError) as exc:
+        raise InputFileError(p, f"cannot be accessed ({exc})") from None
+    if not exists:
         raise InputFileError(p, "does not exist (expected a semantic scene folder, its rh3dgs.json, or a 3DGS .ply)")
     if p.is_file() and p.suffix.lower() == ".ply":
         g = load_ply(p, device=device)
@@ -251,38 +300,65 @@ def load(path, device: Union[str, torch.device] = "cpu") -> Scene:
         cams = None
         tj = p.parent / "transforms.json"
         if tj.exists():
-            cams, _ = load_transforms(tj, check_images=False)
+            cams, _ = load_transforms(tj, check_images=False, require_images=False)
         return Scene(g, fld, cams, path=p)
     folder = p.parent if p.is_file() else p
     meta_path = folder / "rh3dgs.json"
-    if not meta_path.exists():
+    if not meta_path.is_file():
         raise InputFileError(p, "is not an rh3dgs scene: no rh3dgs.json (expected a folder written by `rh3dgs lift` or "
-                                "`rh3dgs demo`, or a 3DGS .ply file)")
+                                "`rh3dgs demo`, or a 3DGS .ply file); an interrupted `rh3dgs lift` leaves none: re-run it")
     try:
-        meta = json.loads(meta_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputFileError(meta_path, f"is not valid JSON ({exc})") from exc
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # JSONDecodeError, int digit limit
+        raise InputFileError(meta_path, f"is not valid JSON ({exc})") from None
+    except OSError as exc:
+        raise InputFileError(meta_path, f"cannot be read ({exc})") from None
     if not isinstance(meta, dict) or meta.get("format") != "rh3dgs-scene":
         raise InputFileError(meta_path, "is not an rh3dgs scene description", field="format")
-    g = load_ply(folder / meta.get("ply", "semantic.ply"), device=device)
+    ply_path = _scene_file(meta_path, meta, "ply", "semantic.ply", required=True)
+    field_path = _scene_file(meta_path, meta, "field")
+    transforms_path = _scene_file(meta_path, meta, "transforms")
+    g = load_ply(ply_path, device=device)
     fld, arrays = None, None
-    if meta.get("field"):
-        fpath = folder / meta["field"]
-        try:
-            arrays = dict(np.load(fpath, allow_pickle=False))
-        except (OSError, ValueError) as exc:
-            raise InputFileError(fpath, f"cannot be read as .npz ({exc})") from exc
+    if field_path is not None:
+        arrays = _read_field_npz(field_path)
         if "decoder" not in arrays:
-            raise InputFileError(fpath, "has no 'decoder' array", field="decoder")
+            raise InputFileError(field_path, "has no 'decoder' array", field="decoder")
         if g.latents is None:
-            raise InputFileError(folder / meta.get("ply", "semantic.ply"), "has no sem_* latents but the scene has a field")
-        dec = torch.from_numpy(arrays["decoder"]).float().to(device)
-        if dec.dim() != 2 or dec.shape[1] != g.latents.shape[1]:
-            raise InputFileError(fpath, f"decoder shape {list(dec.shape)} does not match {g.latents.shape[1]} latents",
-                                 field="decoder")
-        valid = torch.from_numpy(arrays["valid"]).bool().to(device) if "valid" in arrays else None
+            raise InputFileError(ply_path, "has no sem_* latents but the scene has a field")
+        dec_np = _field_array(field_path, arrays, "decoder", 2)
+        if dec_np.shape[1] != g.latents.shape[1] or dec_np.shape[0] == 0:
+            raise InputFileError(field_path, f"decoder shape {list(dec_np.shape)} does not match "
+                                             f"{g.latents.shape[1]} latents", field="decoder")
+        dec = torch.from_numpy(dec_np.astype(np.float32)).to(device)
+        valid = None
+        if "valid" in arrays:
+            v = _field_array(field_path, arrays, "valid", 1, kinds="biu")
+            if v.shape[0] != len(g):
+                raise InputFileError(field_path, f"has {v.shape[0]} entries for {len(g)} Gaussians", field="valid")
+            valid = torch.from_numpy(v.astype(bool)).to(device)
+        if ("text_names" in arrays) != ("text_vectors" in arrays):
+            raise InputFileError(field_path, "text_names and text_vectors must be stored together", field="text_names")
+        if "text_names" in arrays:
+            names = _field_array(field_path, arrays, "text_names", 1, kinds="U")
+            vecs = _field_array(field_path, arrays, "text_vectors", 2)
+            if vecs.shape != (names.shape[0], dec_np.shape[0]):
+                raise InputFileError(field_path, f"shape {list(vecs.shape)} does not match {names.shape[0]} names "
+                                                 f"x D={dec_np.shape[0]}", field="text_vectors")
+            arrays["text_vectors"] = vecs.astype(np.float32)
         fld = SemanticField(g.latents, dec, valid)
     cams = None
-    if meta.get("transforms"):
-        cams, _ = load_transforms(folder / meta["transforms"], check_images=False)
-    return Scene(g, fld, cams, text_encoder=_text_encoder_from(meta, folder, arrays), path=folder)
+    if transforms_path is not None:
+        cams, _ = load_transforms(transforms_path, check_images=False, require_images=False)
+    spec = meta.get("teacher")
+    if spec is not None and spec != {} and not isinstance(spec, dict):
+        raise InputFileError(meta_path, f"must be an object {{\"name\": ...}} or null, got {json.dumps(spec)[:60]}",
+                             field="teacher")
+    try:
+        encoder = _text_encoder_from(meta, folder, arrays)
+    except Rh3dgsError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise InputFileError(meta_path, f"cannot build the teacher it names ({type(exc).__name__}: {exc})",
+                             field="teacher") from None
+    return Scene(g, fld, cams, text_encoder=encoder, path=folder)

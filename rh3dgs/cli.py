@@ -6,6 +6,9 @@
     rh3dgs extract --data DIR --teacher T   teacher features for the dataset's images (cached)
     rh3dgs lift SCENE.ply --data DIR        training-free lift -> semantic scene folder
     rh3dgs query SCENE "red mug;chair"      relevancy PNGs over the cameras, 3D selections
+    rh3dgs select / export                  selections and whole scenes as 3DGS PLY
+    rh3dgs eval SCENE --data DIR | --suite  protocols and the synthetic ablation suite
+    rh3dgs view PATH                        interactive text-query viewer (127.0.0.1)
 
 User errors (rh3dgs.errors) are printed as one line without a traceback; ``--debug``
 shows the traceback.
@@ -327,6 +330,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     for sp in (d, s, r, li, q, se, ex):
         sp.add_argument("--overwrite", action="store_true", help="replace existing outputs")
+
+    from .eval.cli import add_eval_parser
+    from .viewer.cli import add_view_parser
+
+    add_eval_parser(sub)
+    add_view_parser(sub)
     return p
 
 

@@ -109,8 +109,8 @@ def rh3dgs_config() -> TrainerConfig:
 
 
 def rh3dgs_lite_config() -> TrainerConfig:
-    """CPU-sized preset: 300 steps, no image pyramid, <= 4k seed points, densification
-    between steps 60 and 240, semantic ramp 60 steps, LIC from step 150, delta annealed over 240."""
+    """CPU-sized preset: 300 steps, no image pyramid, <= 4k seed points, black background,
+    densification between steps 60 and 200 (threshold 4e-4), semantic ramp 60 steps, LIC from step 150, delta annealed over 240."""
     steps = 300
     return TrainerConfig(
         method_name="rh3dgs-lite",
@@ -128,12 +128,14 @@ def rh3dgs_lite_config() -> TrainerConfig:
             ),
             model=Rh3dgsModelConfig(
                 max_init_points=4000,
+                background_color="black",  # the synthetic scenes' background; "random" for real captures
+                densify_grad_thresh=0.0004,
                 num_downscales=0,
                 sh_degree=1,
                 sh_degree_interval=100,
                 warmup_length=60,
                 refine_every=30,
-                stop_split_at=240,
+                stop_split_at=200,
                 reset_alpha_every=100,  # x refine_every = 3000 > steps: no opacity reset
                 stop_screen_size_at=0,  # no screen-size split/prune: 5% of a 64 px image is 3 px
                 latent_dim=8,

@@ -541,9 +541,11 @@ class Rh3dgsModel(SplatfactoModel):
 
     @torch.no_grad()
     def _semantic_metrics(self, outputs, batch) -> Dict[str, Tensor]:
-        lat, teacher, valid, w = self._semantic_inputs(outputs, batch)[:4]
+        """``sem_cos``: mean cosine of decoded rendered features to the teacher on valid pixels the
+        scene covers (A >= 0.5); ``sem_cos_vcd``: the same weighted by the VCD weights w_bar."""
+        lat, teacher, valid, w, A = self._semantic_inputs(outputs, batch)[:5]
         cos = (self.decode(lat.detach()) * teacher).sum(-1)
-        v = valid.float()
+        v = (valid & (A.detach() >= 0.5)).float()  # pixels the scene covers
         out = {"sem_cos": (cos * v).sum() / v.sum().clamp_min(1.0)}
         out["sem_cos_vcd"] = (cos * w).sum() / w.sum().clamp_min(1e-12)
         if not self.training:

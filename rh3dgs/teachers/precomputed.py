@@ -116,7 +116,7 @@ def validate_feature_map(arr: np.ndarray, path: PathLike, dim: Optional[int] = N
         y, x = _first_index(bad)
         raise FeatureFormatError(path, f"{int((~finite).sum())} non-finite values (NaN/Inf) in "
                                        f"{int(bad.sum())} pixels, first at pixel (y={y}, x={x})", field="values")
-    norms = np.linalg.norm(arr, axis=-1)
+    norms = np.sqrt(np.square(arr, dtype=np.float64).sum(axis=-1))  # float64: no overflow near 1e38
     zero = norms < _ZERO_NORM
     if zero.any():
         y, x = _first_index(zero)
@@ -179,7 +179,8 @@ class PrecomputedTeacher(Teacher):
         path = self.feature_path(stem_or_path)
         arr = validate_feature_map(read_feature_file(path), path, self._dim, self._dim_source)
         self._note_dim(arr.shape[-1], path)
-        return F.normalize(torch.from_numpy(np.ascontiguousarray(arr)), dim=-1)
+        # normalise in float64: the squared norm of float32 vectors near 1e38 overflows float32
+        return F.normalize(torch.from_numpy(np.ascontiguousarray(arr)).double(), dim=-1).float()
 
     def features_for(self, image_path: PathLike, out_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
         """Map of ``image_path`` bilinearly resized to ``out_size = (H, W)`` and renormalised."""
@@ -245,12 +246,14 @@ class PrecomputedTeacher(Teacher):
         try:
             with np.load(path, allow_pickle=False) as z:
                 raw = {k: z[k] for k in z.files}
-        except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as e:
+        except Exception as e:  # ValueError, OSError, EOFError, BadZipFile, zlib.error, NotImplementedError, ...
             raise FeatureFormatError(path, f"unreadable or corrupt text embeddings ({type(e).__name__}: {e})") from None
         if not raw:
             raise FeatureFormatError(path, "text embeddings file holds no queries")
         text: Dict[str, np.ndarray] = {}
         for key, vec in raw.items():
+            if not isinstance(vec, np.ndarray):  # a zip member that is not an .npy array
+                raise FeatureFormatError(path, f"expected an .npy array, found {type(vec).__name__}", field=key)
             if vec.dtype.kind not in "fiu":
                 raise FeatureFormatError(path, f"embedding must be numeric, got dtype {vec.dtype}", field=key)
             vec = np.asarray(vec, dtype=np.float32)
@@ -264,10 +267,10 @@ class PrecomputedTeacher(Teacher):
                 raise FeatureFormatError(path, f"embedding has D={vec.shape[0]} but D={dim} (from {src})", field=key)
             if not np.isfinite(vec).all():
                 raise FeatureFormatError(path, "embedding contains NaN/Inf", field=key)
-            n = float(np.linalg.norm(vec))
+            n = float(np.linalg.norm(vec.astype(np.float64)))
             if n < _ZERO_NORM:
                 raise FeatureFormatError(path, "embedding has zero norm", field=key)
-            text[key] = vec / n
+            text[key] = (vec.astype(np.float64) / n).astype(np.float32)
         self._note_dim(next(iter(text.values())).shape[0], path)
         self._text = text
         return text

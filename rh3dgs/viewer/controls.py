@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
@@ -35,7 +35,7 @@ from ..viz import overlay_heatmap, turbo
 
 __all__ = [
     "OUTPUT_RGB", "OUTPUT_HEAT", "OUTPUT_OVERLAY", "OUTPUTS", "SHOW_ALL", "DEFAULT_NEGATIVES",
-    "parse_queries", "format_queries", "relevancy_maps", "heat_map", "compose_output", "gaussian_relevancy",
+    "parse_queries", "format_queries", "relevancy_maps", "heat_map", "turbo_fast", "compose_output", "gaussian_relevancy",
     "select_gaussians", "selection_name", "export_selection", "ControlState", "Selection", "QueryControls",
     "ViserControlPanel",
 ]
@@ -73,10 +73,12 @@ def relevancy_maps(field_: SemanticField, latent_map: Tensor, alpha: Tensor, pos
     """Rendered latents [H, W, d] + accumulated opacity [H, W] -> relevancy [Q, H, W] in [0, 1].
 
     ``positives`` [Q, D] / ``negatives`` [J, D] are unit teacher-space query vectors. Pixels with
-    ``alpha < min_alpha`` get 0. Equals ``Scene.render_relevancy`` for the same render.
+    ``alpha < min_alpha`` get 0. Equals ``Scene.render_relevancy`` for the same render; positives
+    and negatives share one pass over the pixels (one latent norm per pixel).
     """
-    neg = field_.cosine(latent_map, negatives) if len(negatives) else latent_map.new_zeros(*latent_map.shape[:-1], 0)
-    rel = relevancy_from_cosines(field_.cosine(latent_map, positives), neg, temperature)
+    Q = positives.shape[0]
+    cos = field_.cosine(latent_map, torch.cat([positives, negatives.to(positives)], 0))  # [H, W, Q + J]
+    rel = relevancy_from_cosines(cos[..., :Q], cos[..., Q:], temperature)
     return (rel * (alpha >= min_alpha)[..., None]).permute(2, 0, 1)
 
 
@@ -91,13 +93,30 @@ def _to_uint8(rgb: Tensor) -> np.ndarray:
     return (rgb.detach().float().cpu().clamp(0, 1) * 255).round().to(torch.uint8).numpy()
 
 
+_TURBO_LUT_SIZE = 4096
+_turbo_lut: Optional[Tensor] = None
+
+
+def turbo_fast(x: Tensor) -> Tensor:
+    """:func:`rh3dgs.viz.turbo` through a 4096-entry table of it: [...] in [0, 1] -> [..., 3].
+
+    Within 0.1 % of ``turbo`` (at most 1 level in uint8), one gather instead of a polynomial per pixel.
+    """
+    global _turbo_lut
+    if _turbo_lut is None:
+        _turbo_lut = turbo(torch.linspace(0, 1, _TURBO_LUT_SIZE, dtype=torch.float64)).float()
+    idx = (x.detach().float().cpu().clamp(0, 1) * (_TURBO_LUT_SIZE - 1)).round().long()
+    return _turbo_lut[idx]
+
+
 def compose_output(output: str, rgb: Tensor, heat: Optional[Tensor] = None, alpha: Optional[Tensor] = None,
                    threshold: float = 0.5, min_alpha: float = MIN_ALPHA) -> np.ndarray:
     """The image to show, uint8 [H, W, 3].
 
     ``OUTPUT_RGB``: ``rgb`` [H, W, 3] in [0, 1]. ``OUTPUT_HEAT``: turbo(``heat``) (absolute scale:
-    0 -> dark blue, 1 -> dark red) where ``alpha >= min_alpha``, black elsewhere. ``OUTPUT_OVERLAY``:
-    :func:`rh3dgs.viz.overlay_heatmap` of ``heat`` over ``rgb`` where ``heat > threshold``.
+    0 -> dark blue, 1 -> dark red; :func:`turbo_fast`) where ``alpha >= min_alpha``, black elsewhere.
+    ``OUTPUT_OVERLAY``: :func:`rh3dgs.viz.overlay_heatmap` of ``heat`` over ``rgb`` where
+    ``heat > threshold`` (the same pixels, computed only where the heat map is above the threshold).
     Without a heat map every output falls back to RGB.
     """
     if output not in OUTPUTS:
@@ -106,11 +125,18 @@ def compose_output(output: str, rgb: Tensor, heat: Optional[Tensor] = None, alph
         return _to_uint8(rgb)
     heat = heat.detach().float().cpu()
     if output == OUTPUT_HEAT:
-        img = turbo(heat)
+        img = turbo_fast(heat)
         if alpha is not None:
             img = img * (alpha.detach().cpu() >= min_alpha)[..., None]
         return _to_uint8(img)
-    return overlay_heatmap(rgb, heat, threshold=threshold)
+    out = rgb.detach().float().cpu().clamp(0, 1)
+    sel = heat > threshold
+    if sel.any():
+        blend = overlay_heatmap(out[sel][None], heat[sel][None], threshold=threshold)[0]  # [M, 3] uint8
+        img = _to_uint8(out)
+        img[sel.numpy()] = blend
+        return img
+    return _to_uint8(out)
 
 
 def gaussian_relevancy(field_: SemanticField, positives: Tensor, negatives: Tensor,
@@ -136,13 +162,18 @@ def selection_name(queries: Sequence[str]) -> str:
 
 
 def export_selection(scene, folder, mask: Tensor, name: str) -> Path:
-    """Write the Gaussians in ``mask`` as a standard 3DGS PLY ``folder/name.ply`` (``Scene.export_ply``)."""
+    """Write the Gaussians in ``mask`` as a standard 3DGS PLY (``Scene.export_ply``) to ``folder/name.ply``,
+    or ``name_2.ply``, ``name_3.ply``... when that exists: an export never replaces an earlier file."""
     n = int(mask.sum())
     if n == 0:
         raise ConfigError("the selection is empty: lower the threshold or change the query")
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
-    return scene.export_ply(out / f"{name}.ply", mask=mask.to(scene.gaussians.device))
+    path, k = out / f"{name}.ply", 1
+    while path.exists():
+        k += 1
+        path = out / f"{name}_{k}.ply"
+    return scene.export_ply(path, mask=mask.to(scene.gaussians.device))
 
 
 # ------------------------------------------------------------------------------ state + caches
@@ -204,14 +235,15 @@ class QueryControls:
     """
 
     def __init__(self, field: Optional[SemanticField], encode: Optional[Callable[[Sequence[str]], Tensor]],
-                 temperature: float = 10.0, disabled_reason: Optional[str] = None, state: Optional[ControlState] = None):
+                 temperature: float = 10.0, disabled_reason: Optional[str] = None,
+                 state: Optional[ControlState] = None):
         self.field = field
         self._encode = encode
         self.temperature = float(temperature)
         self.disabled_reason = None if field is not None else (disabled_reason or "this scene has no semantic field")
         self._state = state or ControlState()
         self._lock = threading.RLock()
-        self._enc_cache: Dict[Tuple[str, ...], Tensor] = {}
+        self._enc_cache: Dict[Tuple[str, ...], object] = {}
         self._rel_cache: Optional[Tuple[Tuple, Tensor]] = None
         self._sel_cache: Optional[Tuple[Tuple, Selection]] = None
         self.error: Optional[str] = None
@@ -263,14 +295,21 @@ class QueryControls:
 
     # -------------------------------------------------------------- queries
     def _encoded(self, texts: Tuple[str, ...]) -> Tensor:
+        """[len(texts), D] (cached; so is a failure, so that a slow text model is not re-run every frame)."""
         if texts not in self._enc_cache:
-            if self._encode is None:
-                raise ConfigError("no text encoder for this scene")
             if len(self._enc_cache) > 64:
                 self._enc_cache.clear()
-            self._enc_cache[texts] = self._encode(list(texts)) if texts else torch.zeros(
-                0, self.field.dim, device=self.field.latents.device)
-        return self._enc_cache[texts]
+            try:
+                if self._encode is None:
+                    raise ConfigError("no text encoder for this scene")
+                self._enc_cache[texts] = self._encode(list(texts)) if texts else torch.zeros(
+                    0, self.field.dim, device=self.field.latents.device)
+            except Rh3dgsError as exc:
+                self._enc_cache[texts] = exc
+        out = self._enc_cache[texts]
+        if isinstance(out, Rh3dgsError):
+            raise out
+        return out
 
     def encodings(self, state: Optional[ControlState] = None) -> Optional[Tuple[Tensor, Tensor]]:
         """(positives [Q, D], negatives [J, D]) for the state, or None when there is nothing to query
@@ -370,7 +409,7 @@ class ViserControlPanel:
         self.export_fn = export
         self.point_size = float(point_size)
         self.max_points = int(max_points)
-        self._points_shown = False
+        self.points_shown = False
         self._lock = threading.Lock()
         st = controls.state
         off = not controls.enabled
@@ -415,10 +454,10 @@ class ViserControlPanel:
         st = self.controls.state
         sel = self.controls.selection(st) if st.show_selection else None
         if sel is None or sel.count == 0:
-            if self._points_shown:
+            if self.points_shown:
                 self.scene_api.add_point_cloud("/rh3dgs_selection", np.zeros((0, 3), np.float32), (255, 0, 255),
                                                visible=False)
-                self._points_shown = False
+                self.points_shown = False
             return
         idx = sel.mask.nonzero()[:, 0].cpu()
         rel = sel.relevancy.detach().float().cpu()
@@ -428,7 +467,7 @@ class ViserControlPanel:
         colors = (turbo(rel) * 255).round().to(torch.uint8).numpy()
         self.scene_api.add_point_cloud("/rh3dgs_selection", self.means[idx.numpy()], colors,
                                        point_size=self.point_size, point_shape="circle")
-        self._points_shown = True
+        self.points_shown = True
 
     def export(self) -> Optional[Path]:
         """Export the current selection through ``export``; reports in the panel, never raises."""

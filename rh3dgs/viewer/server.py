@@ -75,16 +75,20 @@ def check_port(host: str, port: int) -> int:
 
 def _scene_center_extent(means: torch.Tensor) -> Tuple[np.ndarray, float]:
     m = means.detach().float().cpu()
+    m = m[torch.isfinite(m).all(-1)]
+    if len(m) == 0:
+        return np.zeros(3), 1.0
     if len(m) > 200_000:
         m = m[torch.linspace(0, len(m) - 1, 200_000).long()]
     center = m.median(dim=0).values
-    extent = float(torch.quantile((m - center).norm(dim=-1), 0.9)) if len(m) else 1.0
+    extent = float(torch.quantile((m - center).norm(dim=-1), 0.9))
     return center.numpy().astype(np.float64), max(extent, 1e-3)
 
 
 def initial_pose(scene) -> Tuple[ViewPose, np.ndarray]:
     """(the pose to open the page at, the world up direction): the scene's first camera when it has
-    cameras, else a view from above one corner of the Gaussians' bounding region with +z up."""
+    cameras (world up = the cameras' mean up vector), else a view from above one corner of the Gaussians'
+    bounding region with +z up."""
     center, extent = _scene_center_extent(scene.gaussians.means)
     if scene.cameras is not None and len(scene.cameras):
         cams = scene.cameras
@@ -93,7 +97,11 @@ def initial_pose(scene) -> Tuple[ViewPose, np.ndarray]:
         up = (up / up.norm().clamp_min(1e-12)).numpy()
         eye = c2w[0, :3, 3].numpy()
         dist = float(np.linalg.norm(center - eye)) or extent
-        return pose_from_cameras(cams, 0, target_distance=dist), up
+        pose = pose_from_cameras(cams, 0, target_distance=dist)
+        # orbit about the world up (the cameras' mean up), not camera 0's own tilted up axis: otherwise a
+        # horizontal drag in the browser rolls the horizon
+        pose.up = up
+        return pose, up
     eye = center + extent * 2.5 * np.array([1.0, 1.0, 0.7]) / np.linalg.norm([1.0, 1.0, 0.7])
     cam = Cameras.look_at(torch.tensor(eye[None]).float(), torch.tensor(center).float(), up=(0.0, 0.0, 1.0))
     return pose_from_cameras(cam, 0, target_distance=float(np.linalg.norm(eye - center))), np.array([0.0, 0.0, 1.0])
@@ -174,9 +182,11 @@ class _ClientRenderer:
 
     def _loop(self) -> None:
         cfg = self.viewer.config
+        timeout = 0.05
         while self.running:
-            self.trigger.wait(timeout=0.05)
+            self.trigger.wait(timeout=timeout)
             self.trigger.clear()
+            timeout = 0.5
             if not self.running:
                 break
             ctl = self.viewer.controls.version
@@ -187,7 +197,8 @@ class _ClientRenderer:
                     if self.done_low != cam:
                         self._render(cfg.moving_res, full=False)
                         self.done_low = cam
-                    self.trigger.set()  # come back to render full resolution once still
+                    # come back to render full resolution once the camera has been still for still_delay
+                    timeout = max(0.01, cfg.still_delay - (time.time() - self.last_move))
                 elif self.done_full != (cam, ctl):
                     self._render(cfg.max_res, full=True)
                     self.done_full = (cam, ctl)
@@ -202,15 +213,17 @@ class _ClientRenderer:
         camera = cameras_from_viser(c.wxyz, c.position, c.fov, c.aspect, res)
         with self.viewer.render_lock:
             frame, t_render, t_compose = render_frame(self.viewer.scene, self.viewer.controls, camera, self.cache)
+        t0 = time.perf_counter()
         self.client.scene.set_background_image(frame.image, format="jpeg",
                                                jpeg_quality=self.viewer.config.jpeg_quality if full else 60,
-                                               depth=frame.depth)
+                                               depth=frame.depth if self.viewer.depth_compositing else None)
+        t_send = time.perf_counter() - t0
         self.frames += 1
-        total = 1000 * (t_render + t_compose)
         q = f" · query: {frame.query}" if frame.query else ""
-        self.info.content = (f"**Frame** {self.frames} ({'full' if full else 'moving'}) {camera.width}×{camera.height}: "
-                             f"{total:.0f} ms (render {1000 * t_render:.0f} + relevancy/colour "
-                             f"{1000 * t_compose:.0f}){q}")
+        kind = "full" if full else "moving"
+        self.info.content = (f"**Frame** {self.frames} ({kind}) {camera.width}×{camera.height}: "
+                             f"{1000 * (t_render + t_compose):.0f} ms (render {1000 * t_render:.0f} + relevancy/colour "
+                             f"{1000 * t_compose:.0f}), encode {1000 * t_send:.0f} ms{q}")
 
 
 class Viewer:
@@ -241,7 +254,8 @@ class Viewer:
             server = viser.ViserServer(host=cfg.host, port=port, label="rh3dgs view", verbose=False)
         if server.get_port() != port:  # taken between our check and viser's bind (viser would move on silently)
             server.stop()
-            raise ConfigError(f"port {port} on {cfg.host} is already in use: pass --port N (or --port 0 for any free port)")
+            raise ConfigError(f"port {port} on {cfg.host} is already in use: pass --port N "
+                              "(or --port 0 for any free port)")
         self.server = server
         self._pose, up = initial_pose(self.scene)
         server.scene.set_up_direction(tuple(float(x) for x in up))
@@ -261,6 +275,11 @@ class Viewer:
                          + (f", {len(s.cameras)} cameras" if s.cameras is not None else ""))
         self.panel = ViserControlPanel(gui, self.controls, on_change=self._rerender_all, scene_api=self.server.scene,
                                        means=s.gaussians.means, export=self._export, point_size=0.006 * extent)
+
+    @property
+    def depth_compositing(self) -> bool:
+        """Send depth with the frames only while 3D elements (the selection's points) need it."""
+        return self.panel is not None and self.panel.points_shown
 
     def _export(self, mask, name: str) -> Path:
         return export_selection(self.scene, self.config.output_dir, mask, name)

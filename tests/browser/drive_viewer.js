@@ -8,7 +8,8 @@
 //   3. untick "Show selection", choose HEAT_OUTPUT_LABEL in "Output"
 //                                             -> OUTDIR/heat.png     (turbo heat map)
 //   4. click "Export selection", wait for "Exported ..."
-// Prints one JSON line: {"frames": {...}, "export": "...", "panel": {x, y, width, height}, "viewport": ...}.
+//   5. drag on the canvas (orbit), collecting the "(moving)" frame lines -> OUTDIR/moved.png
+// Prints one JSON line: {"frames": {...}, "export": "...", "moving": [...], "panel": {x, y, width, height}, ...}.
 // Exit code 1 with a message on any failure (timeouts included).
 'use strict';
 const path = require('path');
@@ -36,16 +37,18 @@ async function infoText(page) {
 }
 
 // Wait for a full-resolution frame numbered above `after` whose line satisfies `pred`.
-async function waitFullFrame(page, after, pred = () => true) {
+// `moving` (optional array) collects the "(moving)" frame lines seen on the way.
+async function waitFullFrame(page, after, pred = () => true, moving = null) {
   const t0 = Date.now();
   for (;;) {
     const f = frameInfo(await infoText(page));
+    if (moving && f && f.n > after && !f.full && !moving.includes(f.text)) moving.push(f.text);
     if (f && f.full && f.n > after && pred(f.text)) {
       await page.waitForTimeout(1500); // let the browser decode and draw the background image
       return f;
     }
     if (Date.now() - t0 > TIMEOUT) throw new Error(`no full frame after #${after} within ${TIMEOUT} ms (last: ${f && f.text})`);
-    await page.waitForTimeout(200);
+    await page.waitForTimeout(moving ? 50 : 200);
   }
 }
 
@@ -91,6 +94,22 @@ async function waitFullFrame(page, after, pred = () => true) {
     await exported.waitFor();
     result.export = await exported.innerText();
     result.status = await page.getByText(/Selection/).first().innerText();
+
+    // orbit the camera by dragging on the canvas: low-resolution frames while it moves, full once still
+    const before = frameInfo(await infoText(page)).n;
+    result.moving = [];
+    await page.mouse.move(250, 400);
+    await page.mouse.down();
+    for (let i = 1; i <= 20; i++) {
+      await page.mouse.move(250 + 12 * i, 400, { steps: 2 });
+      await page.waitForTimeout(60);
+      const fi = frameInfo(await infoText(page));
+      if (fi && fi.n > before && !fi.full && !result.moving.includes(fi.text)) result.moving.push(fi.text);
+    }
+    await page.mouse.up();
+    f = await waitFullFrame(page, before, () => true, result.moving);
+    await page.screenshot({ path: path.join(outdir, 'moved.png') });
+    result.frames.moved = f.text;
 
     const panel = await page.getByText('Text query', { exact: true }).first().evaluate((el) => {
       let e = el;

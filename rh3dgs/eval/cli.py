@@ -1,0 +1,100 @@
+"""``rh3dgs eval``: score a semantic scene against ground truth, or run the synthetic ablation suite.
+
+    rh3dgs eval SCENE --data DATASET [--output DIR]          one scene folder vs masks/ + classes.txt
+    rh3dgs eval --suite synthetic [--quick] [--output DIR]    the ablation table (results.json/.md + PNGs)
+
+Hook into the main parser with :func:`add_eval_parser` (``rh3dgs.cli.build_parser``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from ..errors import ConfigError
+
+__all__ = ["add_eval_parser", "cmd_eval"]
+
+
+def _ints(text: str):
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
+
+
+def add_eval_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the ``eval`` sub-command to an argparse ``subparsers`` object; returns its parser."""
+    e = subparsers.add_parser(
+        "eval", help="score a semantic scene against ground truth, or run the synthetic ablation suite",
+        description="rh3dgs eval SCENE --data DATASET | rh3dgs eval --suite synthetic [--quick]")
+    e.add_argument("scene", nargs="?", default=None, help="semantic scene folder (rh3dgs.load) to score")
+    e.add_argument("--data", default=None, help="labelled dataset folder (masks/*.png, classes.txt[, scene.ply])")
+    e.add_argument("--suite", default=None, choices=["synthetic"], help="run the ablation suite instead")
+    e.add_argument("--quick", action="store_true", help="suite: 1 scene x 1 teacher, small images, 60 steps (< 3 min)")
+    e.add_argument("--output", default=None, help="output folder (suite default: outputs/eval_suite)")
+    e.add_argument("--markdown", default=None, help="suite: also write the report here (e.g. docs/results.md)")
+    e.add_argument("--work", default=None, help="suite: folder for datasets and scene folders (default OUTPUT/work)")
+    e.add_argument("--scene-seeds", type=_ints, default=None, help="suite: comma-separated SceneConfig seeds")
+    e.add_argument("--teacher-seeds", type=_ints, default=None, help="suite: comma-separated teacher seeds")
+    e.add_argument("--steps", type=int, default=None, help="suite: distillation steps")
+    e.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
+    e.add_argument("--overwrite", action="store_true", help="replace existing outputs")
+    e.set_defaults(func=cmd_eval)
+    return e
+
+
+def _out_dir(path, overwrite: bool) -> Path:
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output {out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ConfigError(f"output folder {out} already exists and is not empty: pass --overwrite to replace "
+                          "its files, or choose another --output")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def cmd_eval(args) -> int:
+    import torch
+
+    from .suite import SuiteConfig, evaluate_scene, run_suite, scene_report_markdown
+
+    if getattr(args, "threads", 0):
+        torch.set_num_threads(int(args.threads))
+    if args.suite:
+        if args.scene or args.data:
+            raise ConfigError("rh3dgs eval: give either SCENE --data DATASET or --suite, not both")
+        over = {}
+        if args.scene_seeds is not None:
+            over["scene_seeds"] = args.scene_seeds
+        if args.teacher_seeds is not None:
+            over["teacher_seeds"] = args.teacher_seeds
+        if args.steps is not None:
+            over["distill_steps"] = int(args.steps)
+        cfg = SuiteConfig.quick(**over) if args.quick else SuiteConfig(**over)
+        if not cfg.scene_seeds or not cfg.teacher_seeds:
+            raise ConfigError("rh3dgs eval --suite: need at least one scene seed and one teacher seed")
+        out = _out_dir(args.output or "outputs/eval_suite", args.overwrite)
+        if args.markdown and Path(args.markdown).exists() and not args.overwrite:
+            raise ConfigError(f"{args.markdown} already exists: pass --overwrite to replace it")
+        summary = run_suite(out, cfg, work_dir=args.work, quick=args.quick, markdown_path=args.markdown)
+        print((out / "results.md").read_text().split("## Qualitative")[0].rstrip())
+        print(f"\nwrote {out / 'results.json'}, {out / 'results.md'}"
+              f"{', ' + str(args.markdown) if args.markdown else ''} ({summary['seconds']:.0f} s)")
+        return 0
+    if not args.scene or not args.data:
+        raise ConfigError("rh3dgs eval: give a semantic scene folder and --data DATASET, or --suite synthetic")
+    res = evaluate_scene(args.scene, args.data)
+    md = scene_report_markdown(res, title=f"Evaluation of {args.scene} against {args.data}")
+    print(md)
+    if args.output:
+        from ..io.atomic import atomic_save_bytes, atomic_save_json
+
+        out = _out_dir(args.output, args.overwrite)
+        clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in res.items()}
+        atomic_save_json(out / "eval.json", {"scene": str(args.scene), "data": str(args.data), **clean})
+        atomic_save_bytes(out / "eval.md", md.encode())
+        print(f"wrote {out / 'eval.json'} and {out / 'eval.md'}")
+    return 0
