@@ -41,3 +41,7 @@ bench: install
 
 clean:
 	rm -rf build *.egg-info rh3dgs/_C*.so outputs
+
+.PHONY: bench-quality
+bench-quality: install
+	$(VENV)/bin/rh3dgs eval --suite synthetic --output docs/results --markdown docs/results.md --work outputs/eval_suite_work --overwrite

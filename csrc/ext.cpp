@@ -27,6 +27,11 @@ TORCH_LIBRARY(rh3dgs, m) {
       "Tensor? backgrounds, int width, int height, int tile_size, Tensor isect_offsets, Tensor flatten_ids, "
       "Tensor alpha, Tensor last_ids, Tensor v_render, Tensor v_alpha, Tensor v_d1, Tensor v_d2) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // Tile binning (gsplat's isect_tiles + isect_offset_encode, non-packed), CPU kernel;
+  // on CUDA rh3dgs.ops.isect_tiles calls gsplat's kernels.
+  // Returns tiles_per_gauss [B,N] int32, isect_offsets [B,TH,TW] int32, flatten_ids [M] int32.
+  m.def("isect_tiles(Tensor means2d, Tensor radii, Tensor depths, int tile_size, int tile_width, int tile_height) "
+        "-> (Tensor, Tensor, Tensor)");
   // One pass of the per-Gaussian robust spherical mean (training-free lift).
   // For every contribution w = alpha_i T_i(u) * pixel_weights(u) of Gaussian i to pixel u
   // with unit teacher feature z(u) (pixel_feats [B,H,W,D]):

@@ -23,3 +23,26 @@ def test_binning_matches_gsplat_reference(B, N, W, H, tile):
     assert torch.equal(offsets, ref_offsets)
     assert torch.equal(fids, ref_fids)
     assert fids.numel() > N  # Gaussians span several tiles
+
+
+def test_native_binning_matches_vectorised_reference_with_ties():
+    from rh3dgs.ops._ref import _ref_isect_tiles
+
+    g = torch.Generator().manual_seed(5)
+    B, N, W, H, tile = 2, 3000, 200, 130, 16
+    means2d = torch.rand(B, N, 2, generator=g) * torch.tensor([W * 1.2, H * 1.2]) - 10
+    radii = (torch.rand(B, N, generator=g) * 40).int()
+    depths = torch.randint(1, 20, (B, N), generator=g).float()  # many exact ties
+    tw, th = math.ceil(W / tile), math.ceil(H / tile)
+    nat = isect_tiles(means2d, radii, depths, tile, tw, th)
+    ref = _ref_isect_tiles(means2d, radii, depths, tile, tw, th)
+    for a, b in zip(nat, ref):
+        assert torch.equal(a, b)
+    # inside every tile, depths are non-decreasing and ties keep Gaussian order
+    offs = nat[1].reshape(-1).tolist() + [nat[2].numel()]
+    d = depths.reshape(-1)[nat[2].long()]
+    for s, e in zip(offs[:-1], offs[1:]):
+        seg, ids = d[s:e], nat[2][s:e]
+        assert torch.all(seg[1:] >= seg[:-1])
+        same = seg[1:] == seg[:-1]
+        assert torch.all(ids[1:][same] > ids[:-1][same])

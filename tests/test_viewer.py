@@ -479,10 +479,13 @@ def test_view_in_headless_chromium(tmp_path):
     # camera drag: at least one low-resolution frame while moving, then a full one from a new view
     assert res["moving"] and all("(moving) 256×" in t for t in res["moving"]), res["moving"]
     assert "(full) 512×" in res["frames"]["moved"]
-    results = ROOT / "benchmarks" / "results"
-    results.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(shots / "overlay.png", results / "viewer_screenshot.png")
-    shutil.copyfile(shots / "heat.png", results / "viewer_screenshot_heat.png")
+    # The committed screenshots under benchmarks/results/ are refreshed only on request, so a
+    # test run leaves the checkout unchanged.
+    if os.environ.get("RH3DGS_UPDATE_SCREENSHOTS") == "1":
+        results = ROOT / "benchmarks" / "results"
+        results.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shots / "overlay.png", results / "viewer_screenshot.png")
+        shutil.copyfile(shots / "heat.png", results / "viewer_screenshot_heat.png")
 
     rgb = np.asarray(Image.open(shots / "rgb.png").convert("RGB"))
     overlay = np.asarray(Image.open(shots / "overlay.png").convert("RGB"))

@@ -15,7 +15,37 @@ ALPHA_MIN = 1.0 / 255.0
 ALPHA_MAX = 0.999
 T_MIN = 1e-4
 
-__all__ = ["_ref_rasterize_to_pixels", "_ref_aggregate_sphere", "_ref_tile_contributions"]
+__all__ = ["_ref_rasterize_to_pixels", "_ref_aggregate_sphere", "_ref_tile_contributions", "_ref_isect_tiles"]
+
+
+@torch.no_grad()
+def _ref_isect_tiles(means2d: Tensor, radii: Tensor, depths: Tensor, tile_size: int, tile_width: int,
+                     tile_height: int) -> Tuple[Tensor, Tensor, Tensor]:
+    """Vectorised torch reference of ``isect_tiles`` (gsplat's rounding and (tile, depth) sort key)."""
+    B, N = radii.shape
+    device = means2d.device
+    tm = means2d / tile_size
+    tr = (radii / tile_size)[..., None]
+    tmin, tmax = torch.floor(tm - tr).long(), torch.ceil(tm + tr).long()
+    lim = torch.tensor([tile_width, tile_height], device=device)
+    tmin = torch.minimum(tmin.clamp_min(0), lim)
+    tmax = torch.minimum(tmax.clamp_min(0), lim)
+    ext = tmax - tmin
+    tiles_per_gauss = (ext[..., 0] * ext[..., 1]) * (radii > 0)
+    counts = tiles_per_gauss.reshape(-1)
+    total = int(counts.sum())
+    n_tiles = tile_width * tile_height
+    gid = torch.repeat_interleave(torch.arange(B * N, device=device), counts)
+    local = torch.arange(total, device=device) - (torch.cumsum(counts, 0) - counts)[gid]
+    ext_x = ext[..., 0].reshape(-1)[gid]
+    tx = tmin[..., 0].reshape(-1)[gid] + local % ext_x.clamp_min(1)
+    ty = tmin[..., 1].reshape(-1)[gid] + local // ext_x.clamp_min(1)
+    tile_key = (gid // N) * n_tiles + ty * tile_width + tx
+    d = depths.reshape(-1)[gid].float().contiguous()
+    order = torch.sort((tile_key << 32) | d.view(torch.int32).to(torch.int64), stable=True).indices
+    tile_counts = torch.bincount(tile_key, minlength=B * n_tiles)
+    offsets = (torch.cumsum(tile_counts, 0) - tile_counts).int().reshape(B, tile_height, tile_width)
+    return tiles_per_gauss.int(), offsets, gid[order].int()
 
 
 def _ref_tile_contributions(
