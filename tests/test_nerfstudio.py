@@ -262,11 +262,8 @@ def trained_run(tmp_path_factory):
 @pytest.mark.slow
 def test_ns_train_lite_cpu_then_ns_eval(trained_run):
     cfg, seconds, _ = trained_run
-    # acceptance: < 10 min on 2 cores; not judged on a machine overloaded by other jobs
-    if os.getloadavg()[0] <= 2.0 * (os.cpu_count() or 1):
-        assert seconds < 600
-    else:
-        print(f"load average {os.getloadavg()[0]:.1f}: training-time bound ({seconds:.0f} s < 600 s) not checked")
+    # acceptance: < 10 min on 2 cores (CI runs the suite alone on such a machine)
+    assert seconds < 600, f"ns-train rh3dgs-lite took {seconds:.0f} s"
     ckpts = list((cfg.parent / "nerfstudio_models").glob("step-*.ckpt"))
     assert ckpts
     # checkpoints are weights_only-safe (torch >= 2.6 default in nerfstudio's own loaders)
