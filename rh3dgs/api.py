@@ -275,8 +275,18 @@ def _field_array(fpath: Path, arrays: Dict[str, np.ndarray], key: str, ndim: int
     return a
 
 
+def _load_nerfstudio_run(config_yml: Path, device) -> Scene:
+    """A trained ``ns-train rh3dgs`` run (its config.yml), in the dataset's camera frame."""
+    from .nerfstudio.export import load_nerfstudio_scene
+
+    g, decoder, cams, spec = load_nerfstudio_scene(config_yml, device=device)
+    field_ = SemanticField(g.latents, decoder.to(g.latents))
+    return Scene(g, field_, cams, text_encoder=_text_encoder_from({"teacher": spec}, config_yml.parent, None),
+                 path=config_yml)
+
+
 def load(path, device: Union[str, torch.device] = "cpu") -> Scene:
-    """Open a semantic scene folder, its rh3dgs.json, or a 3DGS PLY.
+    """Open a semantic scene folder, its rh3dgs.json, a 3DGS PLY, or an ``ns-train rh3dgs`` config.yml.
 
     Raises :class:`rh3dgs.errors.InputFileError` (or a subclass: ``PlyFormatError``,
     ``CameraFormatError``...) naming the file and field when it is none of these, or when
@@ -292,6 +302,8 @@ def load(path, device: Union[str, torch.device] = "cpu") -> Scene:
         raise InputFileError(p, f"cannot be accessed ({exc})") from None
     if not exists:
         raise InputFileError(p, "does not exist (expected a semantic scene folder, its rh3dgs.json, or a 3DGS .ply)")
+    if p.is_file() and p.suffix.lower() in (".yml", ".yaml"):
+        return _load_nerfstudio_run(p, device)
     if p.is_file() and p.suffix.lower() == ".ply":
         g = load_ply(p, device=device)
         fld = None

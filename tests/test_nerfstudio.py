@@ -307,6 +307,13 @@ def test_load_nerfstudio_scene_and_export(trained_run, tmp_path):
     back = load_ply(ply)
     assert torch.allclose(back.latents, g.latents) and len(back) == len(g)
     assert np.load(str(ply.with_suffix(".decoder.npy"))).shape == tuple(dec.shape)
+    # the Python API opens the run directly and answers text queries
+    import rh3dgs
+
+    scene = rh3dgs.load(cfg)
+    assert len(scene) == len(g) and scene.field.latent_dim == 8
+    rel = scene.render_relevancy(1, ["red ball", "blue box"])
+    assert rel.shape == (2, 64, 64) and 0 <= float(rel.min()) and float(rel.max()) <= 1
 
 
 @pytest.mark.slow

@@ -103,7 +103,7 @@ def rh3dgs_config() -> TrainerConfig:
             ),
         ),
         optimizers=make_optimizers(steps),
-        viewer=ViewerConfig(num_rays_per_chunk=1 << 15),
+        viewer=ViewerConfig(num_rays_per_chunk=1 << 15, websocket_host="127.0.0.1"),  # this machine only
         vis="viewer",
     )
 
@@ -147,7 +147,7 @@ def rh3dgs_lite_config() -> TrainerConfig:
             ),
         ),
         optimizers=make_optimizers(steps),
-        viewer=ViewerConfig(num_rays_per_chunk=1 << 15),
+        viewer=ViewerConfig(num_rays_per_chunk=1 << 15, websocket_host="127.0.0.1"),  # this machine only
         vis="viewer",
     )
 
