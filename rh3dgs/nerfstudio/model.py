@@ -248,6 +248,10 @@ class Rh3dgsModel(SplatfactoModel):
         self.lic_loss = LICLoss(cfg.lic)
         self.info: Dict = {}
         self._sem_cache = None
+        # text-query elements for nerfstudio's viewer (no parameters; see rh3dgs/nerfstudio/viewer.py)
+        from .viewer import TextQueryPanel
+
+        self.text_query = TextQueryPanel(self)
 
     # LPIPS: lazily, only with local weights in "auto" mode; kept out of the state dict.
     @property
@@ -443,6 +447,8 @@ class Rh3dgsModel(SplatfactoModel):
         }
         if not self.training:
             out["semantics"] = self.semantic_colors(out["latents"])
+            # viewer: relevancy_<i> and composited while a text query is set (empty otherwise)
+            out.update(self.text_query.outputs(out, g, cams, crop_ids))
         return out
 
     # ------------------------------------------------------------------ semantics
