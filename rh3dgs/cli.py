@@ -22,27 +22,9 @@ from pathlib import Path
 from typing import List, Optional
 
 from .errors import ConfigError, Rh3dgsError
+from .io.outputs import check_output_file, prepare_output_dir
 
 __all__ = ["main"]
-
-
-def _output_dir(path, overwrite: bool) -> Path:
-    """An output folder that is new or empty, or may be overwritten (``--overwrite``)."""
-    out = Path(path)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"output {out} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ConfigError(f"output folder {out} already exists and is not empty: pass --overwrite to replace "
-                          "its files, or choose another --output")
-    out.mkdir(parents=True, exist_ok=True)
-    return out
-
-
-def _output_file(path, overwrite: bool) -> Path:
-    out = Path(path)
-    if out.exists() and not overwrite:
-        raise ConfigError(f"output file {out} already exists: pass --overwrite to replace it")
-    return out
 
 
 def _save_render_pngs(result, names: List[str], out_dir: Path, start: int = 0) -> List[Path]:
@@ -70,7 +52,7 @@ def cmd_synth(args) -> int:
 
     cfg = SceneConfig(seed=args.seed, num_views=args.views, image_size=args.size)
     scene = make_scene(cfg)
-    paths = write_dataset(scene, _output_dir(args.output, args.overwrite))
+    paths = write_dataset(scene, prepare_output_dir(args.output, args.overwrite))
     print(f"wrote a synthetic dataset with {len(scene.gaussians)} Gaussians, {len(scene.cameras)} views, "
           f"classes {scene.class_names} to {paths['root']}")
     return 0
@@ -86,7 +68,7 @@ def cmd_render(args) -> int:
     gaussians = load_ply(args.scene)
     cams, images = load_transforms(args.transforms, check_images=False)
     names = [p.stem for p in images]
-    out = _output_dir(args.output, args.overwrite)
+    out = prepare_output_dir(args.output, args.overwrite)
     for i in range(len(cams)):
         with torch.no_grad():
             r = render(gaussians, cams[i])
@@ -102,7 +84,7 @@ def cmd_demo(args) -> int:
     from .render import render
 
     t0 = time.time()
-    out = _output_dir(args.output, args.overwrite)
+    out = prepare_output_dir(args.output, args.overwrite)
     cfg = SceneConfig(seed=args.seed, num_views=args.views, image_size=args.size)
     scene = make_scene(cfg)
     data = write_dataset(scene, out / "data")
@@ -193,7 +175,7 @@ def cmd_lift(args) -> int:
     if hasattr(teacher, "text_queries"):
         names = teacher.text_queries()
         table = dict(zip(names, teacher.encode_text(names)))
-    out = save_scene(_output_dir(args.output, args.overwrite), gaussians, SemanticField(res.latents, res.decoder, res.valid), cams, images,
+    out = save_scene(prepare_output_dir(args.output, args.overwrite), gaussians, SemanticField(res.latents, res.decoder, res.valid), cams, images,
                      teacher=spec, text_embeddings=table, info=res.info)
     print(f"lifted {len(gaussians)} Gaussians ({res.info['valid']} observed) over {len(cams)} views in "
           f"{res.info['seconds']:.1f} s -> {out}")
@@ -213,7 +195,7 @@ def cmd_query(args) -> int:
     if scene.cameras is None:
         raise ConfigError(f"{args.scene}: the scene has no cameras (transforms.json) to render queries from")
     views = range(len(scene.cameras)) if args.views is None else [int(v) for v in args.views.split(",")]
-    out = _output_dir(args.output, args.overwrite)
+    out = prepare_output_dir(args.output, args.overwrite)
     names = scene.cameras.names or [f"view_{i:05d}" for i in range(len(scene.cameras))]
     for i in views:
         if not 0 <= i < len(scene.cameras):
@@ -239,7 +221,7 @@ def cmd_select(args) -> int:
     scene = load(args.scene)
     negatives = None if args.negatives is None else [q.strip() for q in args.negatives.split(";") if q.strip()]
     sel = scene.select(args.query, threshold=args.threshold, negatives=negatives)
-    out = scene.export_ply(_output_file(args.output, args.overwrite), mask=sel)
+    out = scene.export_ply(check_output_file(args.output, args.overwrite), mask=sel)
     print(f"'{args.query}': {int(sel.sum())} of {len(scene)} Gaussians above {args.threshold} -> {out}")
     return 0
 
@@ -248,7 +230,7 @@ def cmd_export(args) -> int:
     from .api import load
 
     scene = load(args.scene)
-    out = scene.export_ply(_output_file(args.output, args.overwrite))
+    out = scene.export_ply(check_output_file(args.output, args.overwrite))
     print(f"{len(scene)} Gaussians{' with sem_* latents' if scene.field is not None else ''} -> {out}")
     return 0
 

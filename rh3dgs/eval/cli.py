@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..io.outputs import prepare_output_dir
 
 __all__ = ["add_eval_parser", "cmd_eval"]
 
@@ -45,17 +46,6 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
     return e
 
 
-def _out_dir(path, overwrite: bool) -> Path:
-    out = Path(path)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"output {out} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ConfigError(f"output folder {out} already exists and is not empty: pass --overwrite to replace "
-                          "its files, or choose another --output")
-    out.mkdir(parents=True, exist_ok=True)
-    return out
-
-
 def cmd_eval(args) -> int:
     import torch
 
@@ -76,7 +66,7 @@ def cmd_eval(args) -> int:
         cfg = SuiteConfig.quick(**over) if args.quick else SuiteConfig(**over)
         if not cfg.scene_seeds or not cfg.teacher_seeds:
             raise ConfigError("rh3dgs eval --suite: need at least one scene seed and one teacher seed")
-        out = _out_dir(args.output or "outputs/eval_suite", args.overwrite)
+        out = prepare_output_dir(args.output or "outputs/eval_suite", args.overwrite)
         if args.markdown and Path(args.markdown).exists() and not args.overwrite:
             raise ConfigError(f"{args.markdown} already exists: pass --overwrite to replace it")
         summary = run_suite(out, cfg, work_dir=args.work, quick=args.quick, markdown_path=args.markdown)
@@ -92,7 +82,7 @@ def cmd_eval(args) -> int:
     if args.output:
         from ..io.atomic import atomic_save_bytes, atomic_save_json
 
-        out = _out_dir(args.output, args.overwrite)
+        out = prepare_output_dir(args.output, args.overwrite)
         clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in res.items()}
         atomic_save_json(out / "eval.json", {"scene": str(args.scene), "data": str(args.data), **clean})
         atomic_save_bytes(out / "eval.md", md.encode())
