@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "../common.h"
+#include "tile_rows.h"
 
 namespace rh3dgs {
 namespace {
@@ -73,6 +74,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_cpu(
     acc_v.assign((size_t)NG * D, 0.0f);
     std::vector<float> lx, ly, la, lb, lc, lo;
     std::vector<int64_t> lg;
+    TileRows rows;
 #pragma omp for schedule(static, 1)
     for (int64_t work = 0; work < n_work; ++work) {
       const int64_t b = work / (TH * TW), tile = work % (TH * TW);
@@ -91,7 +93,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_cpu(
       }
       const int64_t y0 = ty * tile_size, x0 = tx * tile_size;
       const int64_t y1 = std::min<int64_t>(y0 + tile_size, H), x1 = std::min<int64_t>(x0 + tile_size, W);
+      rows.build(K, lx.data(), ly.data(), la.data(), lb.data(), lc.data(), lo.data(), y0, y1, x0, x1);
       for (int64_t py = y0; py < y1; ++py) {
+        const int32_t* row = rows.items.data() + rows.row_begin[py - y0];
+        const int64_t n_row = rows.row_begin[py - y0 + 1] - rows.row_begin[py - y0];
         for (int64_t px = x0; px < x1; ++px) {
           const int64_t pix = (b * H + py) * W + px;
           const float pweight = pw[pix];
@@ -99,7 +104,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_cpu(
           const float* z = pf + pix * D;
           const float fx = (float)px + 0.5f, fy = (float)py + 0.5f;
           float T = 1.0f;
-          for (int64_t k = 0; k < K; ++k) {
+          for (int64_t j = 0; j < n_row; ++j) {
+            const int64_t k = row[j];
+            if (fx < rows.xlo[k] || fx > rows.xhi[k]) continue;
             const float dx = lx[k] - fx, dy = ly[k] - fy;
             float a, vis;
             if (!gauss_alpha(la[k], lb[k], lc[k], lo[k], dx, dy, a, vis)) continue;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "../common.h"
+#include "tile_rows.h"
 
 namespace rh3dgs {
 namespace {
@@ -93,7 +94,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
   {
     // Tile-local copies of the Gaussian parameters (structure of arrays).
     std::vector<float> lx, ly, la, lb, lc, lo, lz, lf;
-    std::vector<float> acc(C);
+    // per-row pixel state (at most tile_size pixels)
+    std::vector<float> rT(tile_size), rd1(tile_size), rd2(tile_size), racc(tile_size * C);
+    std::vector<int32_t> rlast(tile_size);
+    std::vector<uint8_t> rdone(tile_size);
+    TileRows rows;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t work = 0; work < n_work; ++work) {
       const int64_t b = work / (TH * TW), tile = work % (TH * TW);
@@ -111,33 +116,57 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
       }
       const int64_t y0 = ty * tile_size, x0 = tx * tile_size;
       const int64_t y1 = std::min<int64_t>(y0 + tile_size, height), x1 = std::min<int64_t>(x0 + tile_size, width);
+      rows.build(K, lx.data(), ly.data(), la.data(), lb.data(), lc.data(), lo.data(), y0, y1, x0, x1);
+      const int64_t nx = x1 - x0;
       for (int64_t py = y0; py < y1; ++py) {
-        for (int64_t px = x0; px < x1; ++px) {
-          const float fx = (float)px + 0.5f, fy = (float)py + 0.5f;
-          float T = 1.0f, sd1 = 0.0f, sd2 = 0.0f;
-          int64_t last = -1;
-          std::fill(acc.begin(), acc.end(), 0.0f);
-          for (int64_t k = 0; k < K; ++k) {
+        // Gaussian-major over this row: each Gaussian visits only the pixels of its x-extent;
+        // per pixel the operations and their order are those of a front-to-back scan.
+        const int32_t* row = rows.items.data() + rows.row_begin[py - y0];
+        const int64_t n_row = rows.row_begin[py - y0 + 1] - rows.row_begin[py - y0];
+        const float fy = (float)py + 0.5f;
+        std::fill(rT.begin(), rT.begin() + nx, 1.0f);
+        std::fill(rd1.begin(), rd1.begin() + nx, 0.0f);
+        std::fill(rd2.begin(), rd2.begin() + nx, 0.0f);
+        std::fill(rlast.begin(), rlast.begin() + nx, -1);
+        std::fill(rdone.begin(), rdone.begin() + nx, 0);
+        std::fill(racc.begin(), racc.begin() + nx * C, 0.0f);
+        int64_t active = nx;
+        for (int64_t j = 0; j < n_row && active > 0; ++j) {
+          const int64_t k = row[j];
+          int64_t p0, p1;
+          rows.px_range(k, x0, x1, p0, p1);
+          const float* f = lf.data() + k * C;
+          for (int64_t px = p0; px <= p1; ++px) {
+            const int64_t q = px - x0;
+            if (rdone[q]) continue;
+            const float fx = (float)px + 0.5f;
             const float dx = lx[k] - fx, dy = ly[k] - fy;
             float a, vis;
             if (!gauss_alpha(la[k], lb[k], lc[k], lo[k], dx, dy, a, vis)) continue;
-            const float next_T = T * (1.0f - a);
-            if (next_T <= kTransmittanceMin) break;
-            const float w = a * T;
-            const float* f = lf.data() + k * C;
+            const float next_T = rT[q] * (1.0f - a);
+            if (next_T <= kTransmittanceMin) {
+              rdone[q] = 1;
+              --active;
+              continue;
+            }
+            const float w = a * rT[q];
+            float* acc = racc.data() + q * C;
             for (int64_t c = 0; c < C; ++c) acc[c] += w * f[c];
-            sd1 += w * lz[k];
-            sd2 += w * lz[k] * lz[k];
-            T = next_T;
-            last = r.start + k;
+            rd1[q] += w * lz[k];
+            rd2[q] += w * lz[k] * lz[k];
+            rT[q] = next_T;
+            rlast[q] = (int32_t)(r.start + k);
           }
-          const int64_t pix = (b * height + py) * width + px;
+        }
+        for (int64_t q = 0; q < nx; ++q) {
+          const int64_t pix = (b * height + py) * width + x0 + q;
           float* o = out + pix * C;
-          for (int64_t c = 0; c < C; ++c) o[c] = acc[c] + (bg ? T * bg[b * C + c] : 0.0f);
-          out_a[pix] = 1.0f - T;
-          out_d1[pix] = sd1;
-          out_d2[pix] = sd2;
-          out_last[pix] = (int32_t)last;
+          const float* acc = racc.data() + q * C;
+          for (int64_t c = 0; c < C; ++c) o[c] = acc[c] + (bg ? rT[q] * bg[b * C + c] : 0.0f);
+          out_a[pix] = 1.0f - rT[q];
+          out_d1[pix] = rd1[q];
+          out_d2[pix] = rd2[q];
+          out_last[pix] = rlast[q];
         }
       }
     }
@@ -186,61 +215,97 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
   const int64_t n_work = B * TH * TW;
 #pragma omp parallel num_threads(at::get_num_threads())
   {
-    std::vector<float> buf(C);
+    std::vector<float> lx, ly, la, lb, lc, lo;
+    // per-row pixel state (at most tile_size pixels)
+    std::vector<float> rT(tile_size), rTf(tile_size), rbg(tile_size), rb1(tile_size), rb2(tile_size);
+    std::vector<float> rbuf(tile_size * C);
+    std::vector<int32_t> rlastk(tile_size);
+    TileRows rows;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t work = 0; work < n_work; ++work) {
       const int64_t b = work / (TH * TW), tile = work % (TH * TW);
       const int64_t ty = tile / TW, tx = tile % TW;
       const TileRange r = tile_range(offsets, b, tile, TH * TW, B, n_isects);
       if (r.end <= r.start) continue;
+      const int64_t K = r.end - r.start;
+      lx.resize(K); ly.resize(K); la.resize(K); lb.resize(K); lc.resize(K); lo.resize(K);
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t g = fids[r.start + k];
+        lx[k] = xy[2 * g]; ly[k] = xy[2 * g + 1];
+        la[k] = con[3 * g]; lb[k] = con[3 * g + 1]; lc[k] = con[3 * g + 2];
+        lo[k] = opac[g];
+      }
       const int64_t y0 = ty * tile_size, x0 = tx * tile_size;
       const int64_t y1 = std::min<int64_t>(y0 + tile_size, height), x1 = std::min<int64_t>(x0 + tile_size, width);
+      rows.build(K, lx.data(), ly.data(), la.data(), lb.data(), lc.data(), lo.data(), y0, y1, x0, x1);
+      const int64_t nx = x1 - x0;
       for (int64_t py = y0; py < y1; ++py) {
-        for (int64_t px = x0; px < x1; ++px) {
-          const int64_t pix = (b * height + py) * width + px;
+        // Gaussian-major, back to front over this row; per pixel the same operations in the
+        // same order as a per-pixel back-to-front scan from its last contributor.
+        const int32_t* row = rows.items.data() + rows.row_begin[py - y0];
+        const int64_t n_row = rows.row_begin[py - y0 + 1] - rows.row_begin[py - y0];
+        const float fy = (float)py + 0.5f;
+        int64_t active = 0;
+        for (int64_t q = 0; q < nx; ++q) {
+          const int64_t pix = (b * height + py) * width + x0 + q;
           const int64_t last = lasts[pix];
-          if (last < r.start) continue;
-          const float fx = (float)px + 0.5f, fy = (float)py + 0.5f;
-          const float T_final = 1.0f - A[pix];
-          float T = T_final;
+          rlastk[q] = last < r.start ? -1 : (int32_t)(last - r.start);
+          active += rlastk[q] >= 0;
+          rTf[q] = 1.0f - A[pix];
+          rT[q] = rTf[q];
           const float* v_out = vr + pix * C;
-          const float v_A = va[pix], v_D1 = vd1[pix], v_D2 = vd2[pix];
           float bg_dot = 0.0f;
           if (bg) for (int64_t c = 0; c < C; ++c) bg_dot += bg[b * C + c] * v_out[c];
-          std::fill(buf.begin(), buf.end(), 0.0f);
-          float buf_d1 = 0.0f, buf_d2 = 0.0f;
-          for (int64_t i = last; i >= r.start; --i) {
-            const int64_t g = fids[i];
-            const float a_ = con[3 * g], b_ = con[3 * g + 1], c_ = con[3 * g + 2];
-            const float dx = xy[2 * g] - fx, dy = xy[2 * g + 1] - fy;
-            const float o = opac[g];
+          rbg[q] = bg_dot;
+          rb1[q] = rb2[q] = 0.0f;
+        }
+        if (active == 0) continue;
+        std::fill(rbuf.begin(), rbuf.begin() + nx * C, 0.0f);
+        for (int64_t j = n_row - 1; j >= 0; --j) {
+          const int64_t k = row[j];
+          int64_t p0, p1;
+          rows.px_range(k, x0, x1, p0, p1);
+          if (p0 > p1) continue;
+          const int64_t i = r.start + k;
+          const int64_t g = fids[i];
+          const float a_ = la[k], b_ = lb[k], c_ = lc[k], o = lo[k];
+          const float z = dep[g];
+          const float* f = feat + g * C;
+          float* grow = isect_grad.data() + (size_t)i * S;
+          for (int64_t px = p0; px <= p1; ++px) {
+            const int64_t q = px - x0;
+            if (k > rlastk[q]) continue;  // behind this pixel's last contributor (or inactive)
+            const int64_t pix = (b * height + py) * width + px;
+            const float fx = (float)px + 0.5f;
+            const float dx = lx[k] - fx, dy = ly[k] - fy;
             float a, vis;
             if (!gauss_alpha(a_, b_, c_, o, dx, dy, a, vis)) continue;
             const float ra = 1.0f / (1.0f - a);
-            T *= ra;  // transmittance in front of this Gaussian
+            rT[q] *= ra;  // transmittance in front of this Gaussian
+            const float T = rT[q];
             const float w = a * T;
-            const float z = dep[g];
-            const float* f = feat + g * C;
-            float* row = isect_grad.data() + (size_t)i * S;
+            const float* v_out = vr + pix * C;
+            float* buf = rbuf.data() + q * C;
             float v_a = 0.0f;
             for (int64_t c = 0; c < C; ++c) {
-              row[7 + c] += w * v_out[c];
+              grow[7 + c] += w * v_out[c];
               v_a += (f[c] * T - buf[c] * ra) * v_out[c];
               buf[c] += f[c] * w;
             }
-            v_a += (z * T - buf_d1 * ra) * v_D1 + (z * z * T - buf_d2 * ra) * v_D2;
-            v_a += T_final * ra * (v_A - bg_dot);
-            row[6] += w * (v_D1 + 2.0f * z * v_D2);
-            buf_d1 += z * w;
-            buf_d2 += z * z * w;
+            const float v_D1 = vd1[pix], v_D2 = vd2[pix];
+            v_a += (z * T - rb1[q] * ra) * v_D1 + (z * z * T - rb2[q] * ra) * v_D2;
+            v_a += rTf[q] * ra * (va[pix] - rbg[q]);
+            grow[6] += w * (v_D1 + 2.0f * z * v_D2);
+            rb1[q] += z * w;
+            rb2[q] += z * z * w;
             if (o * vis <= kAlphaMax) {
               const float v_sigma = -o * vis * v_a;
-              row[0] += v_sigma * (a_ * dx + b_ * dy);
-              row[1] += v_sigma * (b_ * dx + c_ * dy);
-              row[2] += 0.5f * v_sigma * dx * dx;
-              row[3] += v_sigma * dx * dy;
-              row[4] += 0.5f * v_sigma * dy * dy;
-              row[5] += vis * v_a;
+              grow[0] += v_sigma * (a_ * dx + b_ * dy);
+              grow[1] += v_sigma * (b_ * dx + c_ * dy);
+              grow[2] += 0.5f * v_sigma * dx * dx;
+              grow[3] += v_sigma * dx * dy;
+              grow[4] += 0.5f * v_sigma * dy * dy;
+              grow[5] += vis * v_a;
             }
           }
         }
