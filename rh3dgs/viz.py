@@ -16,9 +16,11 @@ _TURBO_B = (0.10667330, 12.64194608, -60.58204836, 110.36276771, -89.90310912, 2
 
 def turbo(x: torch.Tensor) -> torch.Tensor:
     """[...] values in [0, 1] -> [..., 3] turbo RGB in [0, 1]."""
-    x = x.clamp(0, 1)
-    powers = torch.stack([x ** i for i in range(6)], -1)
-    rgb = torch.stack([(powers * torch.tensor(c, dtype=x.dtype)).sum(-1) for c in (_TURBO_R, _TURBO_G, _TURBO_B)], -1)
+    x = x.clamp(0, 1)[..., None]
+    coeffs = torch.tensor([_TURBO_R, _TURBO_G, _TURBO_B], dtype=x.dtype, device=x.device).T  # [6, 3]
+    rgb = coeffs[5].expand(*x.shape[:-1], 3)
+    for i in range(4, -1, -1):  # Horner: 5 multiply-adds on [..., 3]
+        rgb = torch.addcmul(coeffs[i], rgb, x)
     return rgb.clamp(0, 1)
 
 

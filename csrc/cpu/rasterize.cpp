@@ -151,6 +151,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
             }
             const float w = a * rT[q];
             float* acc = racc.data() + q * C;
+#pragma omp simd
             for (int64_t c = 0; c < C; ++c) acc[c] += w * f[c];
             rd1[q] += w * lz[k];
             rd2[q] += w * lz[k] * lz[k];
@@ -287,6 +288,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
             const float* v_out = vr + pix * C;
             float* buf = rbuf.data() + q * C;
             float v_a = 0.0f;
+#pragma omp simd reduction(+ : v_a)
             for (int64_t c = 0; c < C; ++c) {
               grow[7 + c] += w * v_out[c];
               v_a += (f[c] * T - buf[c] * ra) * v_out[c];
