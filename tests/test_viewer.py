@@ -348,14 +348,10 @@ def test_check_port_names_a_busy_port():
 
 
 def _view_main():
-    """`rh3dgs view` through rh3dgs.cli once the hook is in, else the viewer's own entry point."""
+    """`rh3dgs view` goes through the package CLI."""
     from rh3dgs import cli
 
-    if "view" in cli.build_parser()._subparsers._group_actions[0].choices:
-        return cli.main
-    from rh3dgs.viewer.cli import main
-
-    return main
+    return cli.main
 
 
 def test_cli_view_not_a_scene_exits_2_without_traceback(tmp_path, capsys):
@@ -449,7 +445,7 @@ def test_view_in_headless_chromium(tmp_path):
                     "--output", str(demo), "--views", "6", "--size", "96"], check=True, env=env, capture_output=True)
     scene_dir = demo / "scene"
     out_dir = tmp_path / "exports"
-    main_mod = "rh3dgs.cli" if _view_main().__module__ == "rh3dgs.cli" else "rh3dgs.viewer.cli"
+    main_mod = "rh3dgs.cli"
     proc = subprocess.Popen([sys.executable, "-c", f"import sys; from {main_mod} import main; sys.exit(main())",
                              "view", str(scene_dir), "--port", "0", "--output", str(out_dir), "--device", "cpu"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)

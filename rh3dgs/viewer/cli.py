@@ -8,7 +8,6 @@ Hook into ``rh3dgs/cli.py``'s ``build_parser`` with::
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 __all__ = ["add_view_parser", "cmd_view"]
@@ -57,23 +56,3 @@ def add_view_parser(subparsers) -> argparse.ArgumentParser:
     v.add_argument("--moving-res", type=int, default=None, help="long side while the camera moves (default max/2)")
     v.set_defaults(func=cmd_view)
     return v
-
-
-def main(argv=None) -> int:  # pragma: no cover - `python -m rh3dgs.viewer.cli PATH` before the hook lands
-    from ..errors import Rh3dgsError
-
-    p = argparse.ArgumentParser(prog="rh3dgs")
-    p.add_argument("--debug", action="store_true")
-    add_view_parser(p.add_subparsers(dest="command", required=True))
-    args = p.parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except Rh3dgsError as exc:
-        if args.debug:
-            raise
-        print(f"rh3dgs: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
