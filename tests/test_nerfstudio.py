@@ -340,3 +340,34 @@ def test_resume_from_checkpoint_keeps_optimizing_the_loaded_parameters(trained_r
     assert opt_means is m.gauss_params["means"]
     trainer.train()
     assert not torch.equal(m.latents.detach(), before["_model.gauss_params.latents"])
+
+
+def test_training_guards_stop_or_skip_on_non_finite(pipeline):
+    """A NaN in the latents: training stops with a clear NonFiniteError, or the batch is skipped."""
+    from rh3dgs.errors import NonFiniteError
+
+    pipe, opt = pipeline
+    m = pipe.model
+    m.train()
+    m.step = 200
+    saved = m.gauss_params["latents"].data[0].clone()
+    try:
+        m.gauss_params["latents"].data[0] = float("nan")
+        cam, batch = pipe.datamanager.next_train(m.step)
+        # parameter check (step is a multiple of check_params_every)
+        with pytest.raises(NonFiniteError, match="parameter 'latents'.*last saved checkpoint"):
+            m.get_loss_dict(m(cam), batch)
+        m.step = 201  # not a parameter-check step: the non-finite loss itself is caught
+        with pytest.raises(NonFiniteError, match="non-finite .*skip-nonfinite-batches"):
+            m.get_loss_dict(m(cam), batch)
+        m.config.skip_nonfinite_batches = True
+        losses = m.get_loss_dict(m(cam), batch)
+        total = sum(losses.values())
+        assert float(total) == 0.0
+        total.backward()
+        assert torch.isfinite(m.info["means2d"].grad).all() and m.info["means2d"].grad.abs().sum() == 0
+        opt.zero_grad_all()
+    finally:
+        m.config.skip_nonfinite_batches = False
+        m.gauss_params["latents"].data[0] = saved
+        m._skipped_in_a_row = 0

@@ -46,7 +46,7 @@ from nerfstudio.utils.colors import get_color
 from nerfstudio.utils.rich_utils import CONSOLE
 
 from ..cameras import Cameras
-from ..errors import ConfigError
+from ..errors import ConfigError, NonFiniteError
 from ..gaussians import Gaussians
 from ..lic import LICConfig, LICLoss
 from ..vcd import VCDConfig, reliability_weights
@@ -138,6 +138,13 @@ class Rh3dgsModelConfig(SplatfactoModelConfig):
     """VFM settings (delta annealing counts from semantic_start_step)."""
     use_vcd: bool = True
     """Weight the VFM loss by VCD reliability weights (False: uniform)."""
+    skip_nonfinite_batches: bool = False
+    """On a NaN / Inf loss, skip the batch (zero loss, no update) instead of stopping training;
+    training still stops after ``max_skipped_batches`` bad batches in a row."""
+    max_skipped_batches: int = 10
+    """Consecutive non-finite batches tolerated with ``skip_nonfinite_batches``."""
+    check_params_every: int = 100
+    """Every this many steps, stop training if a Gaussian parameter or the decoder holds NaN / Inf (0 = never)."""
     vcd: VCDConfig = field(default_factory=VCDConfig)
     """VCD settings."""
     lambda_con: float = 0.05
@@ -530,6 +537,56 @@ class Rh3dgsModel(SplatfactoModel):
         return cfg.lambda_sem * min(1.0, (self.step - cfg.semantic_start_step + 1) / cfg.semantic_warmup_steps)
 
     def get_loss_dict(self, outputs, batch, metrics_dict=None) -> Dict[str, Tensor]:
+        if not self.training:
+            return self._semantic_loss_dict(outputs, batch, metrics_dict)
+        self._check_params()
+        try:
+            loss_dict = self._semantic_loss_dict(outputs, batch, metrics_dict)
+            bad = [k for k, v in loss_dict.items() if not torch.isfinite(v).all()]
+        except NonFiniteError as exc:  # NaN / Inf met inside a loss (e.g. the robust Frechet mean)
+            loss_dict, bad = {"main_loss": torch.zeros((), device=self.device)}, [f"semantic loss ({exc})"]
+        return self._guard_losses(loss_dict, bad)
+
+    def _check_params(self) -> None:
+        """Every ``check_params_every`` steps: stop if a Gaussian parameter or the decoder holds NaN / Inf."""
+        cfg = self.config
+        if cfg.check_params_every <= 0 or self.step % cfg.check_params_every != 0:
+            return
+        params = dict(self.gauss_params.items())
+        params["decoder"] = self.decoder
+        for name, p in params.items():
+            if not torch.isfinite(p).all():
+                raise NonFiniteError(
+                    f"ns-train rh3dgs: parameter '{name}' has {int((~torch.isfinite(p)).sum())} NaN/Inf values at "
+                    f"step {self.step}; training stopped. The last saved checkpoint is the last good one: resume "
+                    "from it with --load-dir, and lower the learning rates or lambda_sem / lambda_con.")
+
+    def _guard_losses(self, loss_dict: Dict[str, Tensor], bad: List[str]) -> Dict[str, Tensor]:
+        """Training guard: stop on a non-finite loss with a clear message, or skip the batch.
+
+        Raising before nerfstudio's next checkpoint save keeps the last saved (good) checkpoint;
+        with ``skip_nonfinite_batches`` a bad batch gets a zero loss (and zero gradients) instead.
+        """
+        cfg = self.config
+        if not bad:
+            self._skipped_in_a_row = 0
+            return loss_dict
+        self._skipped_in_a_row = getattr(self, "_skipped_in_a_row", 0) + 1
+        if cfg.skip_nonfinite_batches and self._skipped_in_a_row <= cfg.max_skipped_batches:
+            CONSOLE.print(f"[yellow]rh3dgs: non-finite {', '.join(bad)} at step {self.step}: batch skipped "
+                          f"({self._skipped_in_a_row} in a row)")
+            m2d = self.info.get("means2d") if isinstance(self.info, dict) else None
+            if isinstance(m2d, Tensor) and m2d.requires_grad:  # keeps means2d.grad (zero) for the strategy
+                zero = (m2d.nan_to_num(0.0) * 0.0).sum()
+            else:
+                zero = self.means.sum() * 0.0
+            return {"main_loss": zero}
+        raise NonFiniteError(
+            f"ns-train rh3dgs: non-finite {', '.join(bad)} at step {self.step}; training stopped before any "
+            "further checkpoint was written, so the last saved checkpoint is the last good one (resume with "
+            "--load-dir). Set --pipeline.model.skip-nonfinite-batches True to skip such batches instead.")
+
+    def _semantic_loss_dict(self, outputs, batch, metrics_dict=None) -> Dict[str, Tensor]:
         loss_dict = super().get_loss_dict(outputs, batch, metrics_dict)
         if "teacher" not in batch or "latents" not in outputs:
             return loss_dict
