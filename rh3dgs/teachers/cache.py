@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ..errors import FeatureFormatError, InputFileError, NonFiniteError, ShapeError
+from ..io.arrays import NPY_READ_ERRORS
 from ..io.atomic import atomic_save_bytes, atomic_save_json
 from ..progress import track
 from .base import Teacher, upsample_features
@@ -187,7 +188,7 @@ def load_cached(path: PathLike, out_size: Optional[Tuple[int, int]] = None) -> t
         raise FeatureFormatError(path, "cached feature file not found (run extract_features first)")
     try:
         arr = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as e:
+    except NPY_READ_ERRORS as e:
         raise FeatureFormatError(path, f"corrupt cached feature file ({type(e).__name__}: {e}); delete it and "
                                        "re-run extract_features") from None
     if not isinstance(arr, np.ndarray) or arr.ndim != 3 or arr.dtype.kind != "f":

@@ -117,6 +117,15 @@ def seed_dir() -> Path:
         warnings.simplefilter("ignore")
         save_scene(root / "scene", g, fld, cams, [root / "data" / "img0.png"],
                    text_embeddings={"red mug": torch.ones(5), "chair": torch.arange(5.0)})
+    # real-dataset readers: a LERF-OVS label JSON, 3D-OVS poses_bounds.npy, a labelled point cloud
+    lerf = {"info": {"height": 3, "width": 4, "name": "frame_00001.jpg"},
+            "objects": [{"category": "mug", "bbox": [0, 0, 2, 2], "segmentation": [[0, 0], [2, 0], [2, 2], [0, 2]]}]}
+    (root / "frame_00001.json").write_text(json.dumps(lerf))
+    pb = np.concatenate([np.concatenate([np.eye(3), np.zeros((3, 1)), [[3.0], [4.0], [5.0]]], 1).reshape(-1),
+                         [0.5, 10.0]])[None].repeat(2, 0)
+    np.save(root / "poses_bounds.npy", pb)
+    pts = np.zeros(3, dtype=[("x", "f4"), ("y", "f4"), ("z", "f4"), ("label", "i4")])
+    np.save(root / "points.npy", pts)
     return root
 
 
@@ -134,6 +143,9 @@ def seeds() -> Dict[str, bytes]:
         "scene_json": (root / "scene" / "rh3dgs.json").read_bytes(),
         "scene_field": (root / "scene" / "field.npz").read_bytes(),
         "scene_ply": (root / "scene" / "semantic.ply").read_bytes(),
+        "lerf_ovs_json": (root / "frame_00001.json").read_bytes(),
+        "ovs3d_poses_bounds": (root / "poses_bounds.npy").read_bytes(),
+        "scannet_points": (root / "points.npy").read_bytes(),
     }
 
 
@@ -203,6 +215,28 @@ def _scene(which: str) -> Callable[[Path, bytes], None]:
     return target
 
 
+def _lerf_ovs(work: Path, data: bytes) -> None:
+    from rh3dgs.data.readers.lerf_ovs import read_lerf_label
+
+    (work / "frame_00001.json").write_bytes(data)
+    read_lerf_label(work / "frame_00001.json")
+
+
+def _ovs3d_poses(work: Path, data: bytes) -> None:
+    from rh3dgs.data.readers.ovs3d import llff_to_opencv_viewmats, read_poses_bounds
+
+    (work / "poses_bounds.npy").write_bytes(data)
+    poses, bounds = read_poses_bounds(work / "poses_bounds.npy")
+    assert torch.isfinite(llff_to_opencv_viewmats(poses)).all()
+
+
+def _scannet_points(work: Path, data: bytes) -> None:
+    from rh3dgs.data.readers.scannet import read_labelled_points
+
+    (work / "points.npy").write_bytes(data)
+    read_labelled_points(work / "points.npy")
+
+
 TARGETS: Dict[str, Callable[[Path, bytes], None]] = {
     "ply": _ply,
     "ply_ascii": _ply,
@@ -214,6 +248,9 @@ TARGETS: Dict[str, Callable[[Path, bytes], None]] = {
     "scene_json": _scene("rh3dgs.json"),
     "scene_field": _scene("field.npz"),
     "scene_ply": _scene("semantic.ply"),
+    "lerf_ovs_json": _lerf_ovs,
+    "ovs3d_poses_bounds": _ovs3d_poses,
+    "scannet_points": _scannet_points,
 }
 
 

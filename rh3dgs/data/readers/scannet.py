@@ -28,6 +28,7 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from ...io.arrays import NPY_READ_ERRORS
 from ...errors import InputFileError
 
 __all__ = ["PointLabelError", "read_labelled_points", "nearest_gaussian", "transfer_predictions_to_points",
@@ -85,7 +86,7 @@ def read_labelled_points(path: PathLike, label_field: Optional[str] = None,
     elif suf in (".npy", ".npz"):
         try:
             data = np.load(p, allow_pickle=False)
-        except (OSError, ValueError) as exc:
+        except NPY_READ_ERRORS as exc:
             raise PointLabelError(p, f"cannot be read with numpy ({exc})") from exc
         if suf == ".npz":
             keys = set(data.files)
