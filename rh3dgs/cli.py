@@ -166,10 +166,15 @@ def cmd_lift(args) -> int:
     cams, images = load_transforms(data, check_images=False)
     teacher, spec, maps = _teacher_maps(args, data, images)
     d_teacher = int(maps(0).shape[-1])
+    if args.config:
+        from .presets import load_preset
+
+        cfg = load_preset(args.config, LiftConfig)
+    else:
+        cfg = LiftConfig(method=args.method, use_vcd=not args.no_vcd, delta=args.delta, iters=args.iters,
+                         latent_dim=args.latent_dim, views_per_batch=args.views_per_batch)
     print(lift_memory_estimate(len(gaussians), len(cams), cams.height, cams.width, d_teacher,
-                               min(args.views_per_batch, len(cams))).summary())
-    cfg = LiftConfig(method=args.method, use_vcd=not args.no_vcd, delta=args.delta, iters=args.iters,
-                     latent_dim=args.latent_dim, views_per_batch=args.views_per_batch)
+                               min(cfg.views_per_batch, len(cams))).summary())
     res = lift(gaussians, cams, maps, cfg)
     table = {}
     if hasattr(teacher, "text_queries"):
@@ -285,6 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
     li.add_argument("--iters", type=int, default=3, help="IRLS passes")
     li.add_argument("--latent-dim", type=int, default=16)
     li.add_argument("--views-per-batch", type=int, default=8)
+    li.add_argument("--config", default=None, help="YAML preset of LiftConfig (e.g. configs/lift-robust.yaml); "
+                                                   "replaces --method/--no-vcd/--delta/--iters/...")
     _teacher_args(li)
     li.set_defaults(func=cmd_lift)
 

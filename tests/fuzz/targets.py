@@ -146,6 +146,7 @@ def seeds() -> Dict[str, bytes]:
         "lerf_ovs_json": (root / "frame_00001.json").read_bytes(),
         "ovs3d_poses_bounds": (root / "poses_bounds.npy").read_bytes(),
         "scannet_points": (root / "points.npy").read_bytes(),
+        "lift_preset": (Path(__file__).resolve().parents[2] / "configs" / "lift-robust.yaml").read_bytes(),
     }
 
 
@@ -237,6 +238,14 @@ def _scannet_points(work: Path, data: bytes) -> None:
     read_labelled_points(work / "points.npy")
 
 
+def _lift_preset(work: Path, data: bytes) -> None:
+    from rh3dgs.lift import LiftConfig
+    from rh3dgs.presets import load_preset
+
+    (work / "preset.yaml").write_bytes(data)
+    load_preset(work / "preset.yaml", LiftConfig)
+
+
 TARGETS: Dict[str, Callable[[Path, bytes], None]] = {
     "ply": _ply,
     "ply_ascii": _ply,
@@ -251,6 +260,7 @@ TARGETS: Dict[str, Callable[[Path, bytes], None]] = {
     "lerf_ovs_json": _lerf_ovs,
     "ovs3d_poses_bounds": _ovs3d_poses,
     "scannet_points": _scannet_points,
+    "lift_preset": _lift_preset,
 }
 
 
