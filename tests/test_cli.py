@@ -1,5 +1,6 @@
 """Every `rh3dgs` subcommand end to end on generated data."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -69,6 +70,11 @@ def test_lift_query_select_export(dataset, tmp_path, capsys):
     assert main(["export", str(tmp_path / "scene"), "--output", str(tmp_path / "all.ply")]) == 0
     assert len(load_ply(tmp_path / "all.ply")) == len(full)
     assert main(["lift", str(data / "scene.ply"), "--data", str(data), "--output", str(tmp_path / "scene")]) == 2
+    preset = Path(__file__).resolve().parents[1] / "configs" / "lift-euclidean.yaml"
+    assert main(["lift", str(data / "scene.ply"), "--data", str(data), "--output", str(tmp_path / "eucl"),
+                 "--config", str(preset)]) == 0
+    info = json.loads((tmp_path / "eucl" / "rh3dgs.json").read_text())["info"]
+    assert info["method"] == "euclidean" and info["use_vcd"] is False and info["passes"] == 1
 
 
 def test_demo_small(tmp_path, capsys):
