@@ -31,3 +31,18 @@ def random_projected(B: int, N: int, C: int, width: int, height: int, tile_size:
     out = dict(means2d=means2d, conics=conics, features=features, opacities=opacities, depths=depths,
                width=width, height=height, tile_size=tile_size, isect_offsets=offsets, flatten_ids=flatten_ids)
     return {k: (v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in out.items()}
+
+
+def random_lift_scene(n: int = 300, views: int = 4, size: int = 40, D: int = 8, seed: int = 0):
+    """Random 3D Gaussians, cameras on a circle and random unit teacher maps at 1/4 resolution."""
+    from rh3dgs import Cameras, Gaussians
+
+    g = torch.Generator().manual_seed(seed)
+    means = (torch.rand(n, 3, generator=g) - 0.5) * 1.6
+    gs = Gaussians.from_activated(means, 0.06 * torch.exp(0.3 * torch.randn(n, 3, generator=g)),
+                                  torch.randn(n, 4, generator=g), 0.3 + 0.6 * torch.rand(n, generator=g),
+                                  torch.rand(n, 3, generator=g))
+    eyes = torch.tensor([[3 * math.cos(a), 3 * math.sin(a), 0.8] for a in torch.linspace(0, 2 * math.pi, views + 1)[:-1]])
+    cams = Cameras.look_at(eyes, torch.zeros(3), width=size, height=size)
+    maps = torch.nn.functional.normalize(torch.randn(views, size // 4, size // 4, D, generator=g) + 1.5, dim=-1)
+    return gs, cams, maps

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rh3dgs import Cameras, Gaussians
+from _scenes import random_lift_scene
 from rh3dgs.errors import ConfigError, NonFiniteError
 from rh3dgs.lift import LiftConfig, lift
 from rh3dgs.ops._ref import _ref_tile_contributions
@@ -15,15 +15,7 @@ from rh3dgs.vcd import reliability_weights
 
 
 def _scene(n=300, views=4, size=40, D=8, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    means = (torch.rand(n, 3, generator=g) - 0.5) * 1.6
-    gs = Gaussians.from_activated(means, 0.06 * torch.exp(0.3 * torch.randn(n, 3, generator=g)),
-                                  torch.randn(n, 4, generator=g), 0.3 + 0.6 * torch.rand(n, generator=g),
-                                  torch.rand(n, 3, generator=g))
-    eyes = torch.tensor([[3 * math.cos(a), 3 * math.sin(a), 0.8] for a in torch.linspace(0, 2 * math.pi, views + 1)[:-1]])
-    cams = Cameras.look_at(eyes, torch.zeros(3), width=size, height=size)
-    maps = torch.nn.functional.normalize(torch.randn(views, size // 4, size // 4, D, generator=g) + 1.5, dim=-1)
-    return gs, cams, maps
+    return random_lift_scene(n, views, size, D, seed)
 
 
 def _explicit(gs, cams, maps, cfg):

@@ -22,17 +22,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _inputs(seed: int = 0, n: int = 1500, views: int = 4, size: int = 40, D: int = 8):
-    from rh3dgs import Cameras, Gaussians
+    from _scenes import random_lift_scene
 
-    g = torch.Generator().manual_seed(seed)
-    means = (torch.rand(n, 3, generator=g) - 0.5) * 1.6
-    gs = Gaussians.from_activated(means, 0.06 * torch.exp(0.3 * torch.randn(n, 3, generator=g)),
-                                  torch.randn(n, 4, generator=g), 0.3 + 0.6 * torch.rand(n, generator=g),
-                                  torch.rand(n, 3, generator=g))
-    eyes = torch.tensor([[3 * math.cos(a), 3 * math.sin(a), 0.8] for a in torch.linspace(0, 2 * math.pi, views + 1)[:-1]])
-    cams = Cameras.look_at(eyes, torch.zeros(3), width=size, height=size)
-    maps = torch.nn.functional.normalize(torch.randn(views, size // 4, size // 4, D, generator=g) + 1.5, dim=-1)
-    return gs, cams, maps
+    return random_lift_scene(n, views, size, D, seed)
 
 
 def compute() -> dict:
