@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 
 #if defined(__CUDACC__)
 #define RH_HD __host__ __device__ __forceinline__
@@ -27,6 +28,14 @@ constexpr float kSigmaSkip = 5.55f;
 // Returns sigma of a Gaussian at a pixel (sigma < 0 or sigma > kSigmaSkip means "skip").
 RH_HD float gauss_sigma(float a, float b, float c, float dx, float dy) {
   return 0.5f * (a * dx * dx + c * dy * dy) + b * dx * dy;
+}
+
+// Run [start, end) of the flat tile ``flat`` (camera-major) in flatten_ids, from isect_offsets
+// (n_tiles_total = B * TH * TW tiles, n_isects intersections in all).
+RH_HD void tile_bounds(const int32_t* offsets, int64_t flat, int64_t n_tiles_total, int64_t n_isects, int64_t& start,
+                       int64_t& end) {
+  start = offsets[flat];
+  end = (flat == n_tiles_total - 1) ? n_isects : offsets[flat + 1];
 }
 
 // Alpha of a Gaussian (conic a, b, c; opacity o) at offset (dx, dy) = mean2d - pixel.

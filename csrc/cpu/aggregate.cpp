@@ -80,8 +80,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_cpu(
       const int64_t b = work / (TH * TW), tile = work % (TH * TW);
       const int64_t ty = tile / TW, tx = tile % TW;
       const int64_t flat = work;
-      const int64_t start = offsets[flat];
-      const int64_t end = (flat == n_work - 1) ? n_isects : offsets[flat + 1];
+      int64_t start, end;
+      tile_bounds(offsets, flat, n_work, n_isects, start, end);
       if (end <= start) continue;
       const int64_t K = end - start;
       lx.resize(K); ly.resize(K); la.resize(K); lb.resize(K); lc.resize(K); lo.resize(K); lg.resize(K);

@@ -20,6 +20,10 @@
 namespace rh3dgs {
 namespace {
 
+struct TileRange {
+  int64_t start, end;
+};
+
 void check_inputs(const at::Tensor& means2d, const at::Tensor& conics, const at::Tensor& features,
                   const at::Tensor& opacities, const at::Tensor& depths, const c10::optional<at::Tensor>& backgrounds,
                   const at::Tensor& isect_offsets, const at::Tensor& flatten_ids) {
@@ -38,18 +42,6 @@ void check_inputs(const at::Tensor& means2d, const at::Tensor& conics, const at:
   for (const auto* t : {&means2d, &conics, &features, &opacities, &depths}) {
     TORCH_CHECK(t->scalar_type() == at::kFloat, "rh3dgs rasterizer expects float32 tensors");
   }
-}
-
-struct TileRange {
-  int64_t start, end;
-};
-
-inline TileRange tile_range(const int32_t* offsets, int64_t b, int64_t tile, int64_t tiles_per_cam, int64_t B,
-                            int64_t n_isects) {
-  const int64_t flat = b * tiles_per_cam + tile;
-  const int64_t start = offsets[flat];
-  const int64_t end = (flat == B * tiles_per_cam - 1) ? n_isects : offsets[flat + 1];
-  return {start, end};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize_fwd_cpu(
@@ -103,7 +95,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
     for (int64_t work = 0; work < n_work; ++work) {
       const int64_t b = work / (TH * TW), tile = work % (TH * TW);
       const int64_t ty = tile / TW, tx = tile % TW;
-      const TileRange r = tile_range(offsets, b, tile, TH * TW, B, n_isects);
+      TileRange r;
+      tile_bounds(offsets, work, n_work, n_isects, r.start, r.end);
       const int64_t K = r.end - r.start;
       lx.resize(K); ly.resize(K); la.resize(K); lb.resize(K); lc.resize(K); lo.resize(K); lz.resize(K);
       lf.resize(K * C);
@@ -226,7 +219,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
     for (int64_t work = 0; work < n_work; ++work) {
       const int64_t b = work / (TH * TW), tile = work % (TH * TW);
       const int64_t ty = tile / TW, tx = tile % TW;
-      const TileRange r = tile_range(offsets, b, tile, TH * TW, B, n_isects);
+      TileRange r;
+      tile_bounds(offsets, work, n_work, n_isects, r.start, r.end);
       if (r.end <= r.start) continue;
       const int64_t K = r.end - r.start;
       lx.resize(K); ly.resize(K); la.resize(K); lb.resize(K); lc.resize(K); lo.resize(K);

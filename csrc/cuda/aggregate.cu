@@ -22,8 +22,8 @@ __global__ void aggregate_sphere_kernel(const float* __restrict__ xy, const floa
   const int64_t px = tx * tile_size + threadIdx.x, py = ty * tile_size + threadIdx.y;
   if (px >= W || py >= H) return;
   const int64_t flat = (b * TH + ty) * TW + tx;
-  const int64_t start = offsets[flat];
-  const int64_t end = (flat == B * TH * TW - 1) ? n_isects : offsets[flat + 1];
+  int64_t start, end;
+  tile_bounds(offsets, flat, B * TH * TW, n_isects, start, end);
   const int64_t pix = (b * H + py) * W + px;
   const float pweight = pw[pix];
   if (!(pweight > 0.0f)) return;

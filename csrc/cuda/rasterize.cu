@@ -12,12 +12,6 @@
 namespace rh3dgs {
 namespace {
 
-__device__ __forceinline__ void tile_bounds(const int32_t* offsets, int64_t flat, int64_t n_tiles_total, int64_t n_isects,
-                                            int64_t& start, int64_t& end) {
-  start = offsets[flat];
-  end = (flat == n_tiles_total - 1) ? n_isects : offsets[flat + 1];
-}
-
 __global__ void rasterize_fwd_kernel(const float* __restrict__ xy, const float* __restrict__ con,
                                      const float* __restrict__ feat, const float* __restrict__ opac,
                                      const float* __restrict__ dep, const float* __restrict__ bg, int64_t B, int64_t C,
