@@ -20,6 +20,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from _browser import browser_ready, decode_turbo
 import torch
 
 pytest.importorskip("nerfstudio")
@@ -274,17 +275,6 @@ def _ns_env() -> dict:
     return env
 
 
-def _browser_ready():
-    chromium = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
-    if chromium is None:
-        return None, "Debian chromium is not installed (apt-get install -y chromium)"
-    if shutil.which("node") is None:
-        return None, "node is not installed"
-    if not (BROWSER_DIR / "node_modules" / "playwright-core").exists():
-        return None, "playwright-core is not installed (npm ci --prefix tests/browser)"
-    return chromium, ""
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -298,24 +288,11 @@ def _turbo_lut():
     return x, matplotlib.colormaps["turbo"](x)[:, :3] * 255  # nerfstudio's colormaps use matplotlib's turbo
 
 
-def _decode_turbo(img, lut):
-    """uint8 [H, W, 3] -> nearest turbo value in [0, 1] and the colour distance to it."""
-    xs, cols = lut
-    px = img.reshape(-1, 3).astype(np.float32)
-    best = np.full(len(px), np.inf, np.float32)
-    val = np.zeros(len(px), np.float32)
-    for i in range(len(xs)):
-        dist = ((px - cols[i]) ** 2).sum(-1)
-        better = dist < best
-        best[better], val[better] = dist[better], xs[i]
-    return val.reshape(img.shape[:2]), np.sqrt(best).reshape(img.shape[:2])
-
-
 @pytest.mark.slow
 def test_ns_viewer_text_query_in_headless_chromium(tmp_path):
     from PIL import Image
 
-    chromium, why = _browser_ready()
+    chromium, why = browser_ready()
     if chromium is None:
         pytest.skip(why)
     env = _ns_env()
@@ -380,7 +357,7 @@ def test_ns_viewer_text_query_in_headless_chromium(tmp_path):
     canvas[int(b["y"]):int(b["y"] + b["height"]), int(b["x"]):int(b["x"] + b["width"])] = True
     canvas[H - 80:, :80] = False  # axes gizmo
 
-    value, dist = _decode_turbo(rel, _turbo_lut())
+    value, dist = decode_turbo(rel, _turbo_lut())
     turbo_px = canvas & (dist < 30)
     assert turbo_px.mean() > 0.3, "the relevancy output (turbo) did not appear"
     # direction: the red ball of the no-query view is hot, the rest of the scene is not

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _browser import browser_ready, decode_turbo
 import torch
 
 import rh3dgs
@@ -398,35 +399,11 @@ def test_viewer_on_a_plain_ply_serves_rgb_and_says_why_queries_are_off(tmp_path)
 
 
 # ----------------------------------------------------------------------------- browser (slow)
-def _browser_ready():
-    chromium = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
-    if chromium is None:
-        return None, "Debian chromium is not installed (apt-get install -y chromium)"
-    if shutil.which("node") is None:
-        return None, "node is not installed"
-    if not (BROWSER_DIR / "node_modules" / "playwright-core").exists():
-        return None, "playwright-core is not installed (npm ci --prefix tests/browser)"
-    return chromium, ""
-
-
 def _turbo_lut():
     from rh3dgs.viz import turbo
 
     x = torch.linspace(0, 1, 256)
     return x.numpy(), (turbo(x) * 255).numpy()
-
-
-def _decode_turbo(img, lut):
-    """uint8 [H, W, 3] -> nearest turbo value in [0, 1] and the colour distance to it."""
-    xs, cols = lut
-    px = img.reshape(-1, 3).astype(np.float32)
-    best = np.full(len(px), np.inf, np.float32)
-    val = np.zeros(len(px), np.float32)
-    for i in range(0, 256, 1):
-        dist = ((px - cols[i]) ** 2).sum(-1)
-        better = dist < best
-        best[better], val[better] = dist[better], xs[i]
-    return val.reshape(img.shape[:2]), np.sqrt(best).reshape(img.shape[:2])
 
 
 @pytest.mark.slow
@@ -436,7 +413,7 @@ def test_view_in_headless_chromium(tmp_path):
     from rh3dgs.viewer.camera import cameras_from_viser
     from rh3dgs.viewer.server import initial_pose
 
-    chromium, why = _browser_ready()
+    chromium, why = browser_ready()
     if chromium is None:
         pytest.skip(why)
     env = dict(os.environ, OMP_NUM_THREADS="1", RH3DGS_QUIET="1")
@@ -505,7 +482,7 @@ def test_view_in_headless_chromium(tmp_path):
     up = lambda a: np.asarray(Image.fromarray(a.astype(np.float32)).resize((W, H), Image.BILINEAR))  # noqa: E731
     offline_up, alpha_up = up(offline), up(alpha.numpy())
 
-    value, dist = _decode_turbo(heat_img, _turbo_lut())
+    value, dist = decode_turbo(heat_img, _turbo_lut())
     fg = canvas & (alpha_up > 0.5) & (dist < 40)  # scene pixels drawn in turbo colours
     assert fg.mean() > 0.2, "the heat map did not appear"
     corr = np.corrcoef(value[fg], offline_up[fg])[0, 1]
