@@ -46,7 +46,7 @@ def measure(backend: str) -> dict:
             outs = _ref_rasterize_to_pixels(*ins[:5], None, SIZE, SIZE, p.tile_size, p.isect_offsets, p.flatten_ids)
         (outs[0].sum() + outs[1].sum() + outs[2].sum()).backward()
 
-    t = timeit(step, repeats=3 if backend == "native" else 1, warmup=1 if backend == "native" else 0)
+    t = timeit(step, repeats=9 if backend == "native" else 1, warmup=2 if backend == "native" else 0)
     return {"backend": backend, "fwd_bwd_s": t["median_s"], "peak_rss_mb": peak_rss_mb(),
             "rss_over_setup_mb": peak_rss_mb() - base_rss, "n_isects": int(p.flatten_ids.numel())}
 

@@ -63,6 +63,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_cpu(
   std::vector<std::vector<float>> th_w(n_threads), th_raw(n_threads), th_v(n_threads);
   const int64_t n_work = B * TH * TW;
 
+  std::vector<float> ext((size_t)2 * B * NB);
+  gaussian_extents(B * NB, con, opac, ext.data());
 #pragma omp parallel num_threads(n_threads)
   {
     const int tid = omp_get_thread_num();
@@ -72,7 +74,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_cpu(
     acc_w.assign(NG, 0.0f);
     acc_raw.assign(NG, 0.0f);
     acc_v.assign((size_t)NG * D, 0.0f);
-    std::vector<float> lx, ly, la, lb, lc, lo;
+    std::vector<float> lex, ley, lx, ly, la, lb, lc, lo;
     std::vector<int64_t> lg;
     TileRows rows;
 #pragma omp for schedule(static, 1)
@@ -84,16 +86,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_cpu(
       tile_bounds(offsets, flat, n_work, n_isects, start, end);
       if (end <= start) continue;
       const int64_t K = end - start;
-      lx.resize(K); ly.resize(K); la.resize(K); lb.resize(K); lc.resize(K); lo.resize(K); lg.resize(K);
+      lx.resize(K); ly.resize(K); lex.resize(K); ley.resize(K); la.resize(K); lb.resize(K); lc.resize(K); lo.resize(K); lg.resize(K);
       for (int64_t k = 0; k < K; ++k) {  // tile-local copies (structure of arrays)
         const int64_t g = fids[start + k];
         lx[k] = xy[2 * g]; ly[k] = xy[2 * g + 1];
+        lex[k] = ext[2 * g]; ley[k] = ext[2 * g + 1];
         la[k] = con[3 * g]; lb[k] = con[3 * g + 1]; lc[k] = con[3 * g + 2];
         lo[k] = opac[g]; lg[k] = g % NB;  // flatten_ids index b * N + n
       }
       const int64_t y0 = ty * tile_size, x0 = tx * tile_size;
       const int64_t y1 = std::min<int64_t>(y0 + tile_size, H), x1 = std::min<int64_t>(x0 + tile_size, W);
-      rows.build(K, lx.data(), ly.data(), la.data(), lb.data(), lc.data(), lo.data(), y0, y1, x0, x1);
+      rows.build(K, lx.data(), ly.data(), lex.data(), ley.data(), y0, y1, x0, x1);
       for (int64_t py = y0; py < y1; ++py) {
         const int32_t* row = rows.items.data() + rows.row_begin[py - y0];
         const int64_t n_row = rows.row_begin[py - y0 + 1] - rows.row_begin[py - y0];

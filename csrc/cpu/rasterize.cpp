@@ -11,10 +11,16 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <bit>
+#include <limits>
 #include <cmath>
 #include <vector>
 
 #include "../common.h"
+#include "dispatch.h"
+#include "reduce.h"
+#include "vec16.h"
+#include "row_alpha.h"
 #include "tile_rows.h"
 
 namespace rh3dgs {
@@ -26,7 +32,9 @@ struct TileRange {
 
 void check_inputs(const at::Tensor& means2d, const at::Tensor& conics, const at::Tensor& features,
                   const at::Tensor& opacities, const at::Tensor& depths, const c10::optional<at::Tensor>& backgrounds,
-                  const at::Tensor& isect_offsets, const at::Tensor& flatten_ids) {
+                  const at::Tensor& isect_offsets, const at::Tensor& flatten_ids, int64_t tile_size) {
+  // one bit per pixel of a tile row in lane_mask()
+  TORCH_CHECK(tile_size >= 1 && tile_size <= 64, "tile_size must be in [1, 64], got ", tile_size);
   TORCH_CHECK(means2d.dim() == 3 && means2d.size(2) == 2, "means2d must be [B,N,2]");
   const auto B = means2d.size(0), N = means2d.size(1);
   TORCH_CHECK(conics.sizes() == at::IntArrayRef({B, N, 3}), "conics must be [B,N,3]");
@@ -44,27 +52,30 @@ void check_inputs(const at::Tensor& means2d, const at::Tensor& conics, const at:
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize_fwd_cpu(
+template <int CT>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize_fwd_impl(
     const at::Tensor& means2d_, const at::Tensor& conics_, const at::Tensor& features_,
     const at::Tensor& opacities_, const at::Tensor& depths_, const c10::optional<at::Tensor>& backgrounds_,
     int64_t width, int64_t height, int64_t tile_size, const at::Tensor& isect_offsets_,
     const at::Tensor& flatten_ids_) {
-  check_inputs(means2d_, conics_, features_, opacities_, depths_, backgrounds_, isect_offsets_, flatten_ids_);
   const auto means2d = means2d_.contiguous(), conics = conics_.contiguous(), features = features_.contiguous();
   const auto opacities = opacities_.contiguous(), depths = depths_.contiguous();
   const auto isect_offsets = isect_offsets_.contiguous(), flatten_ids = flatten_ids_.contiguous();
   at::Tensor backgrounds;
   if (backgrounds_.has_value()) backgrounds = backgrounds_->contiguous();
 
-  const int64_t B = means2d.size(0), N = means2d.size(1), C = features.size(2);
+  const int64_t B = means2d.size(0), N = means2d.size(1), C = CT > 0 ? CT : features.size(2);
   const int64_t TH = isect_offsets.size(1), TW = isect_offsets.size(2);
+  TORCH_CHECK(TH * tile_size >= height && TW * tile_size >= width, "isect_offsets [", TH, ", ", TW,
+              "] tiles of ", tile_size, " px do not cover a ", height, "x", width, " image");
   const int64_t n_isects = flatten_ids.numel();
   auto fopt = means2d.options();
-  auto render = at::zeros({B, height, width, C}, fopt);
-  auto alpha = at::zeros({B, height, width}, fopt);
-  auto d1 = at::zeros({B, height, width}, fopt);
-  auto d2 = at::zeros({B, height, width}, fopt);
-  auto last_ids = at::full({B, height, width}, -1, fopt.dtype(at::kInt));
+  // every pixel belongs to one tile and is written below (tiles without Gaussians included)
+  auto render = at::empty({B, height, width, C}, fopt);
+  auto alpha = at::empty({B, height, width}, fopt);
+  auto d1 = at::empty({B, height, width}, fopt);
+  auto d2 = at::empty({B, height, width}, fopt);
+  auto last_ids = at::empty({B, height, width}, fopt.dtype(at::kInt));
 
   const float* xy = means2d.data_ptr<float>();
   const float* con = conics.data_ptr<float>();
@@ -79,17 +90,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
   float* out_d1 = d1.data_ptr<float>();
   float* out_d2 = d2.data_ptr<float>();
   int32_t* out_last = last_ids.data_ptr<int32_t>();
-  (void)N;
 
   const int64_t n_work = B * TH * TW;
+  std::vector<float> ext((size_t)2 * B * N);
+  gaussian_extents(B * N, con, opac, ext.data());
 #pragma omp parallel num_threads(at::get_num_threads())
   {
     // Tile-local copies of the Gaussian parameters (structure of arrays).
-    std::vector<float> lx, ly, la, lb, lc, lo, lz, lf;
-    // per-row pixel state (at most tile_size pixels)
-    std::vector<float> rT(tile_size), rd1(tile_size), rd2(tile_size), racc(tile_size * C);
-    std::vector<int32_t> rlast(tile_size);
-    std::vector<uint8_t> rdone(tile_size);
+    std::vector<float> lex, ley, lx, ly, la, lb, lc, lo, lz, lf;
+    // Per-row state, one lane per pixel of the tile row (L lanes, lanes >= nx are padding).
+    const int64_t L = row_alpha_capacity(tile_size);
+    std::vector<float> rT(L), rd1(L), rd2(L), racc(L * C), ralpha(L), rvis(L);  // racc: [L][C]
+    std::vector<int32_t> rlast(L), rlimit(L);  // rlimit: INT32_MAX while the pixel is open, else -1
     TileRows rows;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t work = 0; work < n_work; ++work) {
@@ -98,58 +110,56 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
       TileRange r;
       tile_bounds(offsets, work, n_work, n_isects, r.start, r.end);
       const int64_t K = r.end - r.start;
-      lx.resize(K); ly.resize(K); la.resize(K); lb.resize(K); lc.resize(K); lo.resize(K); lz.resize(K);
+      lx.resize(K); ly.resize(K); lex.resize(K); ley.resize(K); la.resize(K); lb.resize(K); lc.resize(K); lo.resize(K); lz.resize(K);
       lf.resize(K * C);
       for (int64_t k = 0; k < K; ++k) {
         const int64_t g = fids[r.start + k];
         lx[k] = xy[2 * g]; ly[k] = xy[2 * g + 1];
+        lex[k] = ext[2 * g]; ley[k] = ext[2 * g + 1];
         la[k] = con[3 * g]; lb[k] = con[3 * g + 1]; lc[k] = con[3 * g + 2];
         lo[k] = opac[g]; lz[k] = dep[g];
         std::copy(feat + g * C, feat + (g + 1) * C, lf.data() + k * C);
       }
       const int64_t y0 = ty * tile_size, x0 = tx * tile_size;
       const int64_t y1 = std::min<int64_t>(y0 + tile_size, height), x1 = std::min<int64_t>(x0 + tile_size, width);
-      rows.build(K, lx.data(), ly.data(), la.data(), lb.data(), lc.data(), lo.data(), y0, y1, x0, x1);
+      rows.build(K, lx.data(), ly.data(), lex.data(), ley.data(), y0, y1, x0, x1);
       const int64_t nx = x1 - x0;
       for (int64_t py = y0; py < y1; ++py) {
-        // Gaussian-major over this row: each Gaussian visits only the pixels of its x-extent;
-        // per pixel the operations and their order are those of a front-to-back scan.
+        // Gaussian-major over this row, all pixels of the row at once (branch-free lanes); per
+        // pixel the operations and their order are those of a front-to-back scan. A skipped
+        // pair has alpha 0, which leaves T, the moments and the sums unchanged exactly.
         const int32_t* row = rows.items.data() + rows.row_begin[py - y0];
         const int64_t n_row = rows.row_begin[py - y0 + 1] - rows.row_begin[py - y0];
         const float fy = (float)py + 0.5f;
-        std::fill(rT.begin(), rT.begin() + nx, 1.0f);
-        std::fill(rd1.begin(), rd1.begin() + nx, 0.0f);
-        std::fill(rd2.begin(), rd2.begin() + nx, 0.0f);
-        std::fill(rlast.begin(), rlast.begin() + nx, -1);
-        std::fill(rdone.begin(), rdone.begin() + nx, 0);
-        std::fill(racc.begin(), racc.begin() + nx * C, 0.0f);
-        int64_t active = nx;
-        for (int64_t j = 0; j < n_row && active > 0; ++j) {
+        for (int64_t l = 0; l < L; ++l) {
+          rT[l] = 1.0f; rd1[l] = rd2[l] = 0.0f; rlast[l] = -1;
+          rlimit[l] = l < nx ? std::numeric_limits<int32_t>::max() : -1;
+        }
+        std::fill(racc.begin(), racc.end(), 0.0f);
+        int64_t n_done = 0;
+        for (int64_t j = 0; j < n_row && n_done < nx; ++j) {
           const int64_t k = row[j];
-          int64_t p0, p1;
-          rows.px_range(k, x0, x1, p0, p1);
+          if (rows.p_lo[k] > rows.p_hi[k]) continue;  // no pixel centre of this row in its extent
+          row_alphas(lx[k], ly[k], la[k], lb[k], lc[k], lo[k], fy, x0, L, ralpha.data(), rvis.data());
+          const float z = lz[k];
           const float* f = lf.data() + k * C;
-          for (int64_t px = p0; px <= p1; ++px) {
-            const int64_t q = px - x0;
-            if (rdone[q]) continue;
-            const float fx = (float)px + 0.5f;
-            const float dx = lx[k] - fx, dy = ly[k] - fy;
-            float a, vis;
-            if (!gauss_alpha(la[k], lb[k], lc[k], lo[k], dx, dy, a, vis)) continue;
-            const float next_T = rT[q] * (1.0f - a);
-            if (next_T <= kTransmittanceMin) {
-              rdone[q] = 1;
-              --active;
+          for (uint64_t mask = lane_mask(ralpha.data(), rlimit.data(), (int32_t)k, L); mask; mask &= mask - 1) {
+            const int64_t l = std::countr_zero(mask);
+            const float a = ralpha[l];
+            const float next_T = rT[l] * (1.0f - a);
+            if (next_T <= kTransmittanceMin) {  // the pixel ends before this Gaussian
+              rlimit[l] = -1;
+              ++n_done;
               continue;
             }
-            const float w = a * rT[q];
-            float* acc = racc.data() + q * C;
+            const float w = a * rT[l];
+            float* acc = racc.data() + l * C;
 #pragma omp simd
             for (int64_t c = 0; c < C; ++c) acc[c] += w * f[c];
-            rd1[q] += w * lz[k];
-            rd2[q] += w * lz[k] * lz[k];
-            rT[q] = next_T;
-            rlast[q] = (int32_t)(r.start + k);
+            rd1[l] += w * z;
+            rd2[l] += w * z * z;
+            rT[l] = next_T;
+            rlast[l] = (int32_t)(r.start + k);
           }
         }
         for (int64_t q = 0; q < nx; ++q) {
@@ -168,13 +178,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
   return {render, alpha, d1, d2, last_ids};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize_bwd_cpu(
+template <int CT>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize_bwd_impl(
     const at::Tensor& means2d_, const at::Tensor& conics_, const at::Tensor& features_,
     const at::Tensor& opacities_, const at::Tensor& depths_, const c10::optional<at::Tensor>& backgrounds_,
     int64_t width, int64_t height, int64_t tile_size, const at::Tensor& isect_offsets_,
     const at::Tensor& flatten_ids_, const at::Tensor& alpha_, const at::Tensor& last_ids_,
     const at::Tensor& v_render_, const at::Tensor& v_alpha_, const at::Tensor& v_d1_, const at::Tensor& v_d2_) {
-  check_inputs(means2d_, conics_, features_, opacities_, depths_, backgrounds_, isect_offsets_, flatten_ids_);
   const auto means2d = means2d_.contiguous(), conics = conics_.contiguous(), features = features_.contiguous();
   const auto opacities = opacities_.contiguous(), depths = depths_.contiguous();
   const auto isect_offsets = isect_offsets_.contiguous(), flatten_ids = flatten_ids_.contiguous();
@@ -184,7 +194,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
   at::Tensor backgrounds;
   if (backgrounds_.has_value()) backgrounds = backgrounds_->contiguous();
 
-  const int64_t B = means2d.size(0), N = means2d.size(1), C = features.size(2);
+  const int64_t B = means2d.size(0), N = means2d.size(1), C = CT > 0 ? CT : features.size(2);
   const int64_t TH = isect_offsets.size(1), TW = isect_offsets.size(2);
   const int64_t n_isects = flatten_ids.numel();
   // Per-intersection gradient rows: [xy(2), conic(3), opacity(1), depth(1), features(C)].
@@ -207,13 +217,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
   const float* vd2 = v_d2.data_ptr<float>();
 
   const int64_t n_work = B * TH * TW;
+  std::vector<float> ext((size_t)2 * B * N);
+  gaussian_extents(B * N, con, opac, ext.data());
 #pragma omp parallel num_threads(at::get_num_threads())
   {
-    std::vector<float> lx, ly, la, lb, lc, lo;
-    // per-row pixel state (at most tile_size pixels)
-    std::vector<float> rT(tile_size), rTf(tile_size), rbg(tile_size), rb1(tile_size), rb2(tile_size);
-    std::vector<float> rbuf(tile_size * C);
-    std::vector<int32_t> rlastk(tile_size);
+    std::vector<float> lex, ley, lx, ly, la, lb, lc, lo;
+    // Per-row state, one SIMD lane per pixel of the tile row (L lanes, lanes >= nx are padding
+    // with no contributor and zero gradients).
+    const int64_t L = row_alpha_capacity(tile_size);
+    std::vector<float> rT(L), rTf(L), rbg(L), rb1(L), rb2(L), rvd1(L), rvd2(L), rva(L);
+    std::vector<float> ralpha(L), rvis(L), rra(L), rgf(C), rprod(C);
+    std::vector<float> rbuf(L * C);  // [L][C]: features composited behind, per pixel
+    std::vector<int32_t> rlastk(L);
     TileRows rows;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t work = 0; work < n_work; ++work) {
@@ -223,87 +238,121 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
       tile_bounds(offsets, work, n_work, n_isects, r.start, r.end);
       if (r.end <= r.start) continue;
       const int64_t K = r.end - r.start;
-      lx.resize(K); ly.resize(K); la.resize(K); lb.resize(K); lc.resize(K); lo.resize(K);
+      lx.resize(K); ly.resize(K); lex.resize(K); ley.resize(K); la.resize(K); lb.resize(K); lc.resize(K); lo.resize(K);
       for (int64_t k = 0; k < K; ++k) {
         const int64_t g = fids[r.start + k];
         lx[k] = xy[2 * g]; ly[k] = xy[2 * g + 1];
+        lex[k] = ext[2 * g]; ley[k] = ext[2 * g + 1];
         la[k] = con[3 * g]; lb[k] = con[3 * g + 1]; lc[k] = con[3 * g + 2];
         lo[k] = opac[g];
       }
       const int64_t y0 = ty * tile_size, x0 = tx * tile_size;
       const int64_t y1 = std::min<int64_t>(y0 + tile_size, height), x1 = std::min<int64_t>(x0 + tile_size, width);
-      rows.build(K, lx.data(), ly.data(), la.data(), lb.data(), lc.data(), lo.data(), y0, y1, x0, x1);
+      rows.build(K, lx.data(), ly.data(), lex.data(), ley.data(), y0, y1, x0, x1);
       const int64_t nx = x1 - x0;
       for (int64_t py = y0; py < y1; ++py) {
-        // Gaussian-major, back to front over this row; per pixel the same operations in the
-        // same order as a per-pixel back-to-front scan from its last contributor.
+        // Gaussian-major, back to front over this row, all pixels at once; per pixel the same
+        // operations in the same order as a back-to-front scan from its last contributor.
         const int32_t* row = rows.items.data() + rows.row_begin[py - y0];
         const int64_t n_row = rows.row_begin[py - y0 + 1] - rows.row_begin[py - y0];
         const float fy = (float)py + 0.5f;
+        const int64_t pix0 = (b * height + py) * width + x0;
+        const float* v_row = vr + pix0 * C;  // [nx][C], pixel-major
         int64_t active = 0;
-        for (int64_t q = 0; q < nx; ++q) {
-          const int64_t pix = (b * height + py) * width + x0 + q;
+        for (int64_t l = 0; l < L; ++l) {
+          rlastk[l] = -1;
+          rTf[l] = 1.0f; rbg[l] = rvd1[l] = rvd2[l] = rva[l] = 0.0f;
+          if (l >= nx) continue;
+          const int64_t pix = pix0 + l;
           const int64_t last = lasts[pix];
-          rlastk[q] = last < r.start ? -1 : (int32_t)(last - r.start);
-          active += rlastk[q] >= 0;
-          rTf[q] = 1.0f - A[pix];
-          rT[q] = rTf[q];
-          const float* v_out = vr + pix * C;
+          rlastk[l] = last < r.start ? -1 : (int32_t)(last - r.start);
+          active += rlastk[l] >= 0;
+          rTf[l] = 1.0f - A[pix];
+          rvd1[l] = vd1[pix]; rvd2[l] = vd2[pix]; rva[l] = va[pix];
+          const float* v_out = v_row + l * C;
           float bg_dot = 0.0f;
           if (bg) for (int64_t c = 0; c < C; ++c) bg_dot += bg[b * C + c] * v_out[c];
-          rbg[q] = bg_dot;
-          rb1[q] = rb2[q] = 0.0f;
+          rbg[l] = bg_dot;
         }
         if (active == 0) continue;
-        std::fill(rbuf.begin(), rbuf.begin() + nx * C, 0.0f);
+        for (int64_t l = 0; l < L; ++l) { rT[l] = rTf[l]; rb1[l] = rb2[l] = 0.0f; }
+        std::fill(rbuf.begin(), rbuf.end(), 0.0f);
         for (int64_t j = n_row - 1; j >= 0; --j) {
           const int64_t k = row[j];
-          int64_t p0, p1;
-          rows.px_range(k, x0, x1, p0, p1);
-          if (p0 > p1) continue;
-          const int64_t i = r.start + k;
-          const int64_t g = fids[i];
+          if (rows.p_lo[k] > rows.p_hi[k]) continue;
+          const int64_t isect = r.start + k;
+          const int64_t g = fids[isect];
           const float a_ = la[k], b_ = lb[k], c_ = lc[k], o = lo[k];
           const float z = dep[g];
           const float* f = feat + g * C;
-          float* grow = isect_grad.data() + (size_t)i * S;
-          for (int64_t px = p0; px <= p1; ++px) {
-            const int64_t q = px - x0;
-            if (k > rlastk[q]) continue;  // behind this pixel's last contributor (or inactive)
-            const int64_t pix = (b * height + py) * width + px;
-            const float fx = (float)px + 0.5f;
-            const float dx = lx[k] - fx, dy = ly[k] - fy;
-            float a, vis;
-            if (!gauss_alpha(a_, b_, c_, o, dx, dy, a, vis)) continue;
-            const float ra = 1.0f / (1.0f - a);
-            rT[q] *= ra;  // transmittance in front of this Gaussian
-            const float T = rT[q];
+          float* grow = isect_grad.data() + (size_t)isect * S;
+          row_alphas(lx[k], ly[k], a_, b_, c_, o, fy, x0, L, ralpha.data(), rvis.data());
+          // the pixels this pair contributes to: alpha kept, not behind the pixel's last contributor
+          uint64_t mask = lane_mask(ralpha.data(), rlastk.data(), (int32_t)k, L);
+          if (mask == 0) continue;
+#pragma omp simd
+          for (int64_t l = 0; l < L; ++l) rra[l] = 1.0f / (1.0f - ralpha[l]);  // vector divide, all lanes
+          const float dy = ly[k] - fy, mx0 = lx[k] - ((float)x0 + 0.5f);
+          // d features of this pair's Gaussian: in registers for a compile-time multiple of 16
+          constexpr int kV = (CT > 0 && CT % 16 == 0) ? CT / 16 : 0;
+          vf16 gv[kV > 0 ? kV : 1] = {};
+          float* gf = rgf.data();
+          if constexpr (kV == 0) std::fill(gf, gf + C, 0.0f);
+          float g0 = 0.0f, g1 = 0.0f, g2 = 0.0f, g3 = 0.0f, g4 = 0.0f, g5 = 0.0f, g6 = 0.0f;
+          for (; mask; mask &= mask - 1) {
+            const int64_t l = std::countr_zero(mask);
+            const float a = ralpha[l], vis = rvis[l];
+            const float ra = rra[l];
+            rT[l] *= ra;  // transmittance in front of this Gaussian
+            const float T = rT[l];
             const float w = a * T;
-            const float* v_out = vr + pix * C;
-            float* buf = rbuf.data() + q * C;
-            float v_a = 0.0f;
-#pragma omp simd reduction(+ : v_a)
-            for (int64_t c = 0; c < C; ++c) {
-              grow[7 + c] += w * v_out[c];
-              v_a += (f[c] * T - buf[c] * ra) * v_out[c];
-              buf[c] += f[c] * w;
+            const float* v_out = v_row + l * C;
+            float* buf = rbuf.data() + l * C;
+            // v_a (d loss / d alpha) from the features: sum_c (f_c T - behind_c / (1 - a)) v_out_c
+            float v_a;
+            if constexpr (kV > 0) {
+              vf16 acc{};
+              for (int u = 0; u < kV; ++u) {
+                const vf16 vo = load16(v_out + 16 * u), fu = load16(f + 16 * u), bu = load16(buf + 16 * u);
+                gv[u] += w * vo;
+                acc += (fu * T - bu * ra) * vo;
+                store16(buf + 16 * u, bu + fu * w);
+              }
+              v_a = hsum16(acc);
+            } else {
+              float* prod = rprod.data();
+#pragma omp simd
+              for (int64_t c = 0; c < C; ++c) {
+                gf[c] += w * v_out[c];
+                prod[c] = (f[c] * T - buf[c] * ra) * v_out[c];
+                buf[c] += f[c] * w;
+              }
+              v_a = tree_sum<CT>(prod, C);
             }
-            const float v_D1 = vd1[pix], v_D2 = vd2[pix];
-            v_a += (z * T - rb1[q] * ra) * v_D1 + (z * z * T - rb2[q] * ra) * v_D2;
-            v_a += rTf[q] * ra * (va[pix] - rbg[q]);
-            grow[6] += w * (v_D1 + 2.0f * z * v_D2);
-            rb1[q] += z * w;
-            rb2[q] += z * z * w;
-            if (o * vis <= kAlphaMax) {
+            const float v_D1 = rvd1[l], v_D2 = rvd2[l];
+            v_a += (z * T - rb1[l] * ra) * v_D1 + (z * z * T - rb2[l] * ra) * v_D2;
+            v_a += rTf[l] * ra * (rva[l] - rbg[l]);
+            g6 += w * (v_D1 + 2.0f * z * v_D2);
+            rb1[l] += z * w;
+            rb2[l] += z * z * w;
+            if (o * vis <= kAlphaMax) {  // a clamped alpha has no gradient w.r.t. opacity and sigma
               const float v_sigma = -o * vis * v_a;
-              grow[0] += v_sigma * (a_ * dx + b_ * dy);
-              grow[1] += v_sigma * (b_ * dx + c_ * dy);
-              grow[2] += 0.5f * v_sigma * dx * dx;
-              grow[3] += v_sigma * dx * dy;
-              grow[4] += 0.5f * v_sigma * dy * dy;
-              grow[5] += vis * v_a;
+              const float dx = mx0 - (float)l;
+              g0 += v_sigma * (a_ * dx + b_ * dy);
+              g1 += v_sigma * (b_ * dx + c_ * dy);
+              g2 += 0.5f * v_sigma * dx * dx;
+              g3 += v_sigma * dx * dy;
+              g4 += 0.5f * v_sigma * dy * dy;
+              g5 += vis * v_a;
             }
           }
+          if constexpr (kV > 0) {
+            for (int u = 0; u < kV; ++u) store16(grow + 7 + 16 * u, load16(grow + 7 + 16 * u) + gv[u]);
+          } else {
+#pragma omp simd
+            for (int64_t c = 0; c < C; ++c) grow[7 + c] += gf[c];
+          }
+          grow[0] += g0; grow[1] += g1; grow[2] += g2; grow[3] += g3; grow[4] += g4; grow[5] += g5; grow[6] += g6;
         }
       }
     }
@@ -332,6 +381,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
     for (int64_t c = 0; c < C; ++c) gf[c] += row[7 + c];
   }
   return {v_means2d, v_conics, v_features, v_opacities, v_depths};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize_fwd_cpu(
+    const at::Tensor& means2d, const at::Tensor& conics, const at::Tensor& features, const at::Tensor& opacities,
+    const at::Tensor& depths, const c10::optional<at::Tensor>& backgrounds, int64_t width, int64_t height,
+    int64_t tile_size, const at::Tensor& isect_offsets, const at::Tensor& flatten_ids) {
+  check_inputs(means2d, conics, features, opacities, depths, backgrounds, isect_offsets, flatten_ids, tile_size);
+  return dispatch_channels(features.size(2), [&](auto ct) {
+    return rasterize_fwd_impl<decltype(ct)::value>(means2d, conics, features, opacities, depths, backgrounds, width,
+                                                   height, tile_size, isect_offsets, flatten_ids);
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize_bwd_cpu(
+    const at::Tensor& means2d, const at::Tensor& conics, const at::Tensor& features, const at::Tensor& opacities,
+    const at::Tensor& depths, const c10::optional<at::Tensor>& backgrounds, int64_t width, int64_t height,
+    int64_t tile_size, const at::Tensor& isect_offsets, const at::Tensor& flatten_ids, const at::Tensor& alpha,
+    const at::Tensor& last_ids, const at::Tensor& v_render, const at::Tensor& v_alpha, const at::Tensor& v_d1,
+    const at::Tensor& v_d2) {
+  check_inputs(means2d, conics, features, opacities, depths, backgrounds, isect_offsets, flatten_ids, tile_size);
+  return dispatch_channels(features.size(2), [&](auto ct) {
+    return rasterize_bwd_impl<decltype(ct)::value>(means2d, conics, features, opacities, depths, backgrounds, width,
+                                                   height, tile_size, isect_offsets, flatten_ids, alpha, last_ids,
+                                                   v_render, v_alpha, v_d1, v_d2);
+  });
 }
 
 }  // namespace

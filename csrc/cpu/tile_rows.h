@@ -9,9 +9,37 @@
 #include <cstdint>
 #include <vector>
 
+#include <ATen/Parallel.h>
+
 #include "../common.h"
 
 namespace rh3dgs {
+
+// Half-widths (ex, ey) of the box outside which alpha < 1/255, for n Gaussians (conics [n,3],
+// opacities [n]) into ext [n,2]; ex = -1 for one that never reaches 1/255, 1e30 (no culling)
+// for a degenerate conic. Per Gaussian once, not per tile intersection.
+inline void gaussian_extents(int64_t n, const float* con, const float* opac, float* ext) {
+  at::parallel_for(0, n, 2048, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      const float a = con[3 * g], b = con[3 * g + 1], c = con[3 * g + 2], o = opac[g];
+      float ex = -1.0f, ey = -1.0f;
+      if (o * 255.0f > 1.0f) {
+        const float s = std::min(std::log(255.0f * o), kSigmaSkip);
+        const float det = a * c - b * b;
+        if (det > 0.0f && a > 0.0f && c > 0.0f) {
+          ex = std::sqrt(2.0f * s * c / det) * 1.001f + 0.01f;  // cov_xx = c / det
+          ey = std::sqrt(2.0f * s * a / det) * 1.001f + 0.01f;  // cov_yy = a / det
+        } else {  // degenerate conic: no culling
+          ex = ey = 1e30f;
+        }
+        if (!(ex < 1e29f)) ex = 1e30f;
+        if (!(ey < 1e29f)) ey = 1e30f;
+      }
+      ext[2 * g] = ex;
+      ext[2 * g + 1] = ey;
+    }
+  });
+}
 
 struct TileRows {
   std::vector<float> xlo, xhi;       // per Gaussian k of the tile
@@ -20,35 +48,20 @@ struct TileRows {
   std::vector<int32_t> k_lo, k_hi;   // per Gaussian: first / last covered row (relative), lo > hi = none
 
   std::vector<int32_t> p_lo, p_hi;   // per Gaussian: pixel columns [p_lo, p_hi] of its x-extent in the tile
+  std::vector<int32_t> cur;          // scratch of build()
 
-  // Pixels px in [x0, x1) whose centre px + 0.5 lies in Gaussian k's x-extent: [p0, p1] (empty if p0 > p1).
-  void px_range(int64_t k, int64_t, int64_t, int64_t& p0, int64_t& p1) const {
-    p0 = p_lo[k];
-    p1 = p_hi[k];
-  }
-
-  // lx..lo: the tile's Gaussians (mean x/y, conic a/b/c, opacity); rows y0 .. y1-1 of the image.
-  void build(int64_t K, const float* lx, const float* ly, const float* la, const float* lb, const float* lc,
-             const float* lo, int64_t y0, int64_t y1, int64_t x0, int64_t x1) {
+  // lx, ly: the tile's Gaussian means; lex, ley: their extents from gaussian_extents() (ex < 0:
+  // never reaches alpha 1/255); rows y0 .. y1-1 and columns x0 .. x1-1 of the image.
+  void build(int64_t K, const float* lx, const float* ly, const float* lex, const float* ley, int64_t y0, int64_t y1,
+             int64_t x0, int64_t x1) {
     const int64_t rows = y1 - y0;
     xlo.resize(K); xhi.resize(K); k_lo.resize(K); k_hi.resize(K); p_lo.resize(K); p_hi.resize(K);
     row_begin.assign(rows + 1, 0);
     for (int64_t k = 0; k < K; ++k) {
       k_lo[k] = 1; k_hi[k] = 0;
       p_lo[k] = 1; p_hi[k] = 0;
-      const float o = lo[k];
-      if (!(o * 255.0f > 1.0f)) continue;  // never reaches alpha 1/255
-      const float s = std::min(std::log(255.0f * o), kSigmaSkip);
-      const float det = la[k] * lc[k] - lb[k] * lb[k];
-      float ex, ey;
-      if (det > 0.0f && la[k] > 0.0f && lc[k] > 0.0f) {
-        ex = std::sqrt(2.0f * s * lc[k] / det) * 1.001f + 0.01f;  // cov_xx = c / det
-        ey = std::sqrt(2.0f * s * la[k] / det) * 1.001f + 0.01f;  // cov_yy = a / det
-      } else {  // degenerate conic: no culling
-        ex = ey = 1e30f;
-      }
-      if (!(ex < 1e29f)) ex = 1e30f;
-      if (!(ey < 1e29f)) ey = 1e30f;
+      const float ex = lex[k], ey = ley[k];
+      if (!(ex >= 0.0f)) continue;  // never reaches alpha 1/255
       xlo[k] = lx[k] - ex; xhi[k] = lx[k] + ex;
       const double c0 = std::ceil((double)xlo[k] - 0.5), c1 = std::floor((double)xhi[k] - 0.5);
       p_lo[k] = (int32_t)std::max<int64_t>(x0, (int64_t)std::max(c0, -1e15));
@@ -63,7 +76,7 @@ struct TileRows {
     }
     for (int64_t r = 0; r < rows; ++r) row_begin[r + 1] += row_begin[r];
     items.resize(row_begin[rows]);
-    std::vector<int32_t> cur(row_begin.begin(), row_begin.end() - 1);
+    cur.assign(row_begin.begin(), row_begin.end() - 1);
     for (int64_t k = 0; k < K; ++k)
       for (int32_t r = k_lo[k]; r <= k_hi[k]; ++r) items[cur[r]++] = (int32_t)k;
   }

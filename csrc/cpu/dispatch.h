@@ -1,0 +1,25 @@
+// Compile-time channel counts for the CPU kernels: a kernel templated on CT (> 0) has constant
+// trip counts in its per-channel loops, which the compiler turns into whole vector operations
+// without alias checks or scalar tails; CT = 0 is the generic kernel for any count.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+namespace rh3dgs {
+
+// Calls fn(std::integral_constant<int, CT>{}) with CT = C for the common counts, else CT = 0.
+template <typename Fn>
+decltype(auto) dispatch_channels(int64_t C, Fn&& fn) {
+  switch (C) {
+    case 1: return fn(std::integral_constant<int, 1>{});
+    case 3: return fn(std::integral_constant<int, 3>{});
+    case 8: return fn(std::integral_constant<int, 8>{});
+    case 16: return fn(std::integral_constant<int, 16>{});
+    case 32: return fn(std::integral_constant<int, 32>{});
+    case 64: return fn(std::integral_constant<int, 64>{});
+    default: return fn(std::integral_constant<int, 0>{});
+  }
+}
+
+}  // namespace rh3dgs
