@@ -1,6 +1,6 @@
 // CPU backend of the per-Gaussian spherical aggregation used by the training-free lift.
 //
-// Walks every pixel front to back exactly like rasterize_fwd and, for each contribution
+// Walks every pixel front to back like rasterize_fwd (Gaussian-major per tile row) and, for each contribution
 // w = alpha_i T_i(u) * pixel_weights(u) of Gaussian i, accumulates one step of the
 // Huber-IRLS Frechet mean (see ext.cpp for the contract). Nothing per (pixel, Gaussian)
 // is stored.
@@ -14,14 +14,172 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <bit>
+#include <limits>
 #include <cmath>
 #include <vector>
 
 #include "../common.h"
+#include "dispatch.h"
+#include "reduce.h"
+#include "row_alpha.h"
 #include "tile_rows.h"
+#include "vec16.h"
 
 namespace rh3dgs {
 namespace {
+
+// Accumulators of one Gaussian over one row segment: raw weight, mean weight (w or omega) and
+// the D-vector (w z or omega Log_mu z). With a compile-time D that is a multiple of 16 the vector
+// lives in registers; otherwise in a scratch buffer.
+template <int CT>
+struct SegmentSums {
+  static constexpr int kV = (CT > 0 && CT % 16 == 0) ? CT / 16 : 0;
+  float raw = 0.0f, wsum = 0.0f;
+  vf16 v16[kV > 0 ? kV : 1] = {};
+  float* v;  // generic path
+  explicit SegmentSums(float* scratch, int64_t D) : v(scratch) {
+    if constexpr (kV == 0) std::fill(v, v + D, 0.0f);
+  }
+};
+
+// One aggregation pass over the tiles of B views (mode 0: init, 1: IRLS step).
+template <int CT, int MODE>
+void aggregate_tiles(int64_t B, int64_t NB, int64_t H, int64_t W, int64_t D_rt, int64_t TH, int64_t TW,
+                     int64_t tile_size, int64_t n_isects, const float* xy, const float* ext, const float* con,
+                     const float* opac, const float* pf, const float* pw, const float* m, const int32_t* offsets,
+                     const int32_t* fids, float fdelta, int n_threads, std::vector<std::vector<float>>& th_w,
+                     std::vector<std::vector<float>>& th_raw, std::vector<std::vector<float>>& th_v, int64_t NG) {
+  const int64_t D = CT > 0 ? CT : D_rt;
+  constexpr int kV = SegmentSums<CT>::kV;
+  const int64_t n_work = B * TH * TW;
+#pragma omp parallel num_threads(n_threads)
+  {
+    const int tid = omp_get_thread_num();
+    std::vector<float>& acc_w = th_w[tid];
+    std::vector<float>& acc_raw = th_raw[tid];
+    std::vector<float>& acc_v = th_v[tid];
+    acc_w.assign(NG, 0.0f);
+    acc_raw.assign(NG, 0.0f);
+    acc_v.assign((size_t)NG * D, 0.0f);
+    std::vector<float> lex, ley, lx, ly, la, lb, lc, lo;
+    std::vector<int64_t> lg;
+    // per-row lanes (one per pixel of the tile row)
+    const int64_t L = row_alpha_capacity(tile_size);
+    std::vector<float> rT(L), rpw(L), ralpha(L), rvis(L), scratch(D), prod(D);
+    std::vector<int32_t> rlimit(L);
+    TileRows rows;
+#pragma omp for schedule(static, 1)
+    for (int64_t work = 0; work < n_work; ++work) {
+      const int64_t b = work / (TH * TW), tile = work % (TH * TW);
+      const int64_t ty = tile / TW, tx = tile % TW;
+      int64_t start, end;
+      tile_bounds(offsets, work, n_work, n_isects, start, end);
+      if (end <= start) continue;
+      const int64_t K = end - start;
+      lx.resize(K); ly.resize(K); lex.resize(K); ley.resize(K); la.resize(K); lb.resize(K); lc.resize(K);
+      lo.resize(K); lg.resize(K);
+      for (int64_t k = 0; k < K; ++k) {  // tile-local copies (structure of arrays)
+        const int64_t g = fids[start + k];
+        lx[k] = xy[2 * g]; ly[k] = xy[2 * g + 1];
+        lex[k] = ext[2 * g]; ley[k] = ext[2 * g + 1];
+        la[k] = con[3 * g]; lb[k] = con[3 * g + 1]; lc[k] = con[3 * g + 2];
+        lo[k] = opac[g]; lg[k] = g % NB;  // flatten_ids index b * N + n
+      }
+      const int64_t y0 = ty * tile_size, x0 = tx * tile_size;
+      const int64_t y1 = std::min<int64_t>(y0 + tile_size, H), x1 = std::min<int64_t>(x0 + tile_size, W);
+      const int64_t nx = x1 - x0;
+      rows.build(K, lx.data(), ly.data(), lex.data(), ley.data(), y0, y1, x0, x1);
+      for (int64_t py = y0; py < y1; ++py) {
+        // Gaussian-major over this row (depth order); per pixel the contributions and their
+        // order are those of a front-to-back scan that stops where T would reach 1e-4.
+        const int32_t* row = rows.items.data() + rows.row_begin[py - y0];
+        const int64_t n_row = rows.row_begin[py - y0 + 1] - rows.row_begin[py - y0];
+        const float fy = (float)py + 0.5f;
+        const int64_t pix0 = (b * H + py) * W + x0;
+        const float* zrow = pf + pix0 * D;
+        int64_t n_open = 0;
+        for (int64_t l = 0; l < L; ++l) {
+          rT[l] = 1.0f;
+          rpw[l] = l < nx ? pw[pix0 + l] : 0.0f;
+          const bool open = rpw[l] > 0.0f;  // pixels of weight 0 (or NaN) contribute nothing
+          rlimit[l] = open ? std::numeric_limits<int32_t>::max() : -1;
+          n_open += open;
+        }
+        int64_t n_done = 0;
+        for (int64_t j = 0; j < n_row && n_done < n_open; ++j) {
+          const int64_t k = row[j];
+          if (rows.p_lo[k] > rows.p_hi[k]) continue;
+          row_alphas(lx[k], ly[k], la[k], lb[k], lc[k], lo[k], fy, x0, L, ralpha.data(), rvis.data());
+          uint64_t mask = lane_mask(ralpha.data(), rlimit.data(), (int32_t)k, L);
+          if (mask == 0) continue;
+          const int64_t gi = lg[k];
+          const float* mi = m + gi * D;
+          SegmentSums<CT> sums(scratch.data(), D);
+          for (; mask; mask &= mask - 1) {
+            const int64_t l = std::countr_zero(mask);
+            const float a = ralpha[l];
+            const float next_T = rT[l] * (1.0f - a);
+            if (next_T <= kTransmittanceMin) {  // the pixel ends before this Gaussian
+              rlimit[l] = -1;
+              ++n_done;
+              continue;
+            }
+            const float w = a * rT[l] * rpw[l];
+            rT[l] = next_T;
+            sums.raw += w;
+            const float* z = zrow + l * D;
+            if constexpr (MODE == 0) {
+              sums.wsum += w;
+              if constexpr (kV > 0) {
+                for (int u = 0; u < kV; ++u) sums.v16[u] += w * load16(z + 16 * u);
+              } else {
+#pragma omp simd
+                for (int64_t d = 0; d < D; ++d) sums.v[d] += w * z[d];
+              }
+              continue;
+            }
+            float cosv;
+            if constexpr (kV > 0) {
+              vf16 dot{};
+              for (int u = 0; u < kV; ++u) dot += load16(mi + 16 * u) * load16(z + 16 * u);
+              cosv = hsum16(dot);
+            } else {
+#pragma omp simd
+              for (int64_t d = 0; d < D; ++d) prod[d] = mi[d] * z[d];
+              cosv = tree_sum<CT>(prod.data(), D);
+            }
+            cosv = std::max(-1.0f, std::min(1.0f, cosv));
+            // |z| = |mu| = 1: sin(theta) = sqrt(1 - cos^2). Its rounding near theta = 0 only
+            // perturbs theta / sin(theta) = 1 + O(theta^2), so the tangent step stays accurate.
+            const float sinv = std::sqrt(std::max(0.0f, 1.0f - cosv * cosv));
+            const float theta = atan2_pos(sinv, cosv);
+            const float omega = (theta > fdelta) ? w * fdelta / theta : w;
+            sums.wsum += omega;
+            // theta / sin(theta) -> 1 as theta -> 0 (at the antipode z - cos mu = 0 anyway)
+            const float scale = (sinv > 1e-12f) ? omega * theta / sinv : omega;
+            if constexpr (kV > 0) {
+              for (int u = 0; u < kV; ++u)
+                sums.v16[u] += scale * (load16(z + 16 * u) - cosv * load16(mi + 16 * u));
+            } else {
+#pragma omp simd
+              for (int64_t d = 0; d < D; ++d) sums.v[d] += scale * (z[d] - cosv * mi[d]);
+            }
+          }
+          acc_raw[gi] += sums.raw;
+          acc_w[gi] += sums.wsum;
+          float* v = acc_v.data() + gi * D;
+          if constexpr (kV > 0) {
+            for (int u = 0; u < kV; ++u) store16(v + 16 * u, load16(v + 16 * u) + sums.v16[u]);
+          } else {
+#pragma omp simd
+            for (int64_t d = 0; d < D; ++d) v[d] += sums.v[d];
+          }
+        }
+      }
+    }
+  }
+}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_cpu(
     const at::Tensor& means2d_, const at::Tensor& conics_, const at::Tensor& opacities_,
@@ -58,94 +216,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_cpu(
   const int32_t* offsets = isect_offsets.data_ptr<int32_t>();
   const int32_t* fids = flatten_ids.data_ptr<int32_t>();
   const float fdelta = (float)delta;
+  TORCH_CHECK(tile_size >= 1 && tile_size <= 64, "tile_size must be in [1, 64], got ", tile_size);
 
   const int n_threads = std::max(1, at::get_num_threads());
   std::vector<std::vector<float>> th_w(n_threads), th_raw(n_threads), th_v(n_threads);
-  const int64_t n_work = B * TH * TW;
-
   std::vector<float> ext((size_t)2 * B * NB);
   gaussian_extents(B * NB, con, opac, ext.data());
-#pragma omp parallel num_threads(n_threads)
-  {
-    const int tid = omp_get_thread_num();
-    std::vector<float>& acc_w = th_w[tid];
-    std::vector<float>& acc_raw = th_raw[tid];
-    std::vector<float>& acc_v = th_v[tid];
-    acc_w.assign(NG, 0.0f);
-    acc_raw.assign(NG, 0.0f);
-    acc_v.assign((size_t)NG * D, 0.0f);
-    std::vector<float> lex, ley, lx, ly, la, lb, lc, lo;
-    std::vector<int64_t> lg;
-    TileRows rows;
-#pragma omp for schedule(static, 1)
-    for (int64_t work = 0; work < n_work; ++work) {
-      const int64_t b = work / (TH * TW), tile = work % (TH * TW);
-      const int64_t ty = tile / TW, tx = tile % TW;
-      const int64_t flat = work;
-      int64_t start, end;
-      tile_bounds(offsets, flat, n_work, n_isects, start, end);
-      if (end <= start) continue;
-      const int64_t K = end - start;
-      lx.resize(K); ly.resize(K); lex.resize(K); ley.resize(K); la.resize(K); lb.resize(K); lc.resize(K); lo.resize(K); lg.resize(K);
-      for (int64_t k = 0; k < K; ++k) {  // tile-local copies (structure of arrays)
-        const int64_t g = fids[start + k];
-        lx[k] = xy[2 * g]; ly[k] = xy[2 * g + 1];
-        lex[k] = ext[2 * g]; ley[k] = ext[2 * g + 1];
-        la[k] = con[3 * g]; lb[k] = con[3 * g + 1]; lc[k] = con[3 * g + 2];
-        lo[k] = opac[g]; lg[k] = g % NB;  // flatten_ids index b * N + n
-      }
-      const int64_t y0 = ty * tile_size, x0 = tx * tile_size;
-      const int64_t y1 = std::min<int64_t>(y0 + tile_size, H), x1 = std::min<int64_t>(x0 + tile_size, W);
-      rows.build(K, lx.data(), ly.data(), lex.data(), ley.data(), y0, y1, x0, x1);
-      for (int64_t py = y0; py < y1; ++py) {
-        const int32_t* row = rows.items.data() + rows.row_begin[py - y0];
-        const int64_t n_row = rows.row_begin[py - y0 + 1] - rows.row_begin[py - y0];
-        for (int64_t px = x0; px < x1; ++px) {
-          const int64_t pix = (b * H + py) * W + px;
-          const float pweight = pw[pix];
-          if (!(pweight > 0.0f)) continue;
-          const float* z = pf + pix * D;
-          const float fx = (float)px + 0.5f, fy = (float)py + 0.5f;
-          float T = 1.0f;
-          for (int64_t j = 0; j < n_row; ++j) {
-            const int64_t k = row[j];
-            if (fx < rows.xlo[k] || fx > rows.xhi[k]) continue;
-            const float dx = lx[k] - fx, dy = ly[k] - fy;
-            float a, vis;
-            if (!gauss_alpha(la[k], lb[k], lc[k], lo[k], dx, dy, a, vis)) continue;
-            const float next_T = T * (1.0f - a);
-            if (next_T <= kTransmittanceMin) break;
-            const float w = a * T * pweight;
-            T = next_T;
-            const int64_t gi = lg[k];
-            float* v = acc_v.data() + gi * D;
-            acc_raw[gi] += w;
-            if (mode == 0) {
-              acc_w[gi] += w;
-#pragma omp simd
-              for (int64_t d = 0; d < D; ++d) v[d] += w * z[d];
-              continue;
-            }
-            const float* mi = m + gi * D;
-            float cosv = 0.0f;
-#pragma omp simd reduction(+ : cosv)
-            for (int64_t d = 0; d < D; ++d) cosv += mi[d] * z[d];
-            cosv = std::max(-1.0f, std::min(1.0f, cosv));
-            // |z| = |mu| = 1: sin(theta) = sqrt(1 - cos^2). Its rounding near theta = 0 only
-            // perturbs theta / sin(theta) = 1 + O(theta^2), so the tangent step stays accurate.
-            const float sinv = std::sqrt(std::max(0.0f, 1.0f - cosv * cosv));
-            const float theta = std::atan2(sinv, cosv);
-            const float omega = (theta > fdelta) ? w * fdelta / theta : w;
-            acc_w[gi] += omega;
-            // theta / sin(theta) -> 1 as theta -> 0 (at the antipode z - cos mu = 0 anyway)
-            const float scale = (sinv > 1e-12f) ? omega * theta / sinv : omega;
-#pragma omp simd
-            for (int64_t d = 0; d < D; ++d) v[d] += scale * (z[d] - cosv * mi[d]);
-          }
-        }
-      }
-    }
-  }
+  dispatch_channels(D, [&](auto ct) {
+    constexpr int CT = decltype(ct)::value;
+    auto run = [&](auto kernel) {
+      kernel(B, NB, H, W, D, TH, TW, tile_size, n_isects, xy, ext.data(), con, opac, pf, pw, m, offsets, fids, fdelta,
+             n_threads, th_w, th_raw, th_v, NG);
+    };
+    if (mode == 0) run(aggregate_tiles<CT, 0>); else run(aggregate_tiles<CT, 1>);
+  });
 
   auto fopt = means2d.options();
   auto out_w = at::zeros({NG}, fopt), out_v = at::zeros({NG, D}, fopt), out_raw = at::zeros({NG}, fopt);

@@ -8,31 +8,14 @@
 
 #include <cstdint>
 #include <algorithm>
-#include <bit>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
 #include "../common.h"
+#include "fastmath.h"
 
 namespace rh3dgs {
-
-// exp(x) for x in [-88, 0]: Cody-Waite range reduction and a degree-6 polynomial (Cephes expf).
-inline float exp_neg(float x) {
-  x = std::max(x, -87.0f);
-  // n = round(x / ln 2) by the 1.5 * 2^23 trick (floorf does not vectorise without -ffast-math)
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float y = p * r * r + r + 1.0f;
-  const int32_t bits = ((int32_t)n + 127) << 23;
-  return y * std::bit_cast<float>(bits);
-}
 
 constexpr int64_t kRowBlock = 16;
 

@@ -1,0 +1,44 @@
+// Branch-free float approximations for the CPU kernels (vectorisable, no libm calls).
+// Errors are far below the 1e-4 agreement the ops are tested to against their torch references.
+#pragma once
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+
+namespace rh3dgs {
+
+// exp(x) for x in [-88, 0]: Cody-Waite range reduction and a degree-6 polynomial (Cephes expf).
+inline float exp_neg(float x) {
+  x = std::max(x, -87.0f);
+  // n = round(x / ln 2) by the 1.5 * 2^23 trick (floorf does not vectorise without -ffast-math)
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  const int32_t bits = ((int32_t)n + 127) << 23;
+  return y * std::bit_cast<float>(bits);
+}
+
+// atan2(y, x) for y >= 0, in [0, pi]: reduction to [0, tan(pi/8)] and the Cephes atanf
+// polynomial (max abs error 3e-7 over the half circle).
+inline float atan2_pos(float y, float x) {
+  const float ax = std::fabs(x);
+  const float mn = std::min(y, ax), mx = std::max(y, ax);
+  const float t = mx > 0.0f ? mn / mx : 0.0f;  // [0, 1]
+  const bool big = t > 0.41421356237f;         // tan(pi/8)
+  const float tr = big ? (t - 1.0f) / (t + 1.0f) : t;
+  const float z = tr * tr;
+  const float p = ((8.05374449538e-2f * z - 1.38776856032e-1f) * z + 1.99777106478e-1f) * z - 3.33329491539e-1f;
+  float r = p * z * tr + tr + (big ? 0.78539816339f : 0.0f);
+  r = y > ax ? 1.57079632679f - r : r;
+  return x < 0.0f ? 3.14159265359f - r : r;
+}
+
+}  // namespace rh3dgs
