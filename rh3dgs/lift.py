@@ -118,13 +118,15 @@ def _prepare_map(m: Tensor, i: int, H: int, W: int) -> Tensor:
     if m.dim() != 3:
         raise ShapeError(f"teacher map of view {i} must be [h, w, D], got {list(m.shape)}")
     m = m.float()
+    if not torch.isfinite(m).all():  # checked before upsampling: bilinear weights keep values finite
+        raise NonFiniteError(f"teacher map of view {i} contains NaN / Inf")
     if m.shape[:2] != (H, W):
         m = torch.nn.functional.interpolate(m.permute(2, 0, 1)[None], size=(H, W), mode="bilinear",
-                                            align_corners=False)[0].permute(1, 2, 0)
-    if not torch.isfinite(m).all():
-        raise NonFiniteError(f"teacher map of view {i} contains NaN / Inf")
-    n = m.norm(dim=-1, keepdim=True)
-    return torch.where(n > 1e-8, m / n.clamp_min(1e-8), torch.zeros_like(m))
+                                            align_corners=False)[0].permute(1, 2, 0).contiguous()
+    else:
+        m = m.clone()  # normalised in place below; the caller's map stays as it was
+    n = torch.linalg.vector_norm(m, dim=-1, keepdim=True)
+    return m.div_(n.clamp_min(1e-8)).mul_(n > 1e-8)  # unit rows, zero rows stay zero
 
 
 def pca_decoder(features: Tensor, weight: Tensor, d: int) -> tuple:
@@ -202,7 +204,7 @@ def lift(
             if acc_w is None:
                 acc_w, acc_v, acc_raw = a
             else:
-                acc_w, acc_v, acc_raw = acc_w + a[0], acc_v + a[1], acc_raw + a[2]
+                acc_w.add_(a[0]), acc_v.add_(a[1]), acc_raw.add_(a[2])
         return acc_w, acc_v, acc_raw
 
     acc_w, acc_v, weight = one_pass("init", None, math.inf, "lift: initial mean")

@@ -133,9 +133,13 @@ def _depth_edges(dbar: Tensor, eps: float) -> Tensor:
 
 def _feature_edges(features: Tensor) -> Tensor:
     """g_feat [B, H, W] in [0, 2]: 1 - cosine to the 4-neighbours (max)."""
-    f = F.normalize(features, dim=-1)
-    h = 1.0 - (f[:, :, :-1] * f[:, :, 1:]).sum(-1)
-    v = 1.0 - (f[:, :-1, :] * f[:, 1:, :]).sum(-1)
+    inv = 1.0 / torch.linalg.vector_norm(features, dim=-1).clamp_min(1e-12)  # F.normalize's eps
+
+    def cos(a: Tensor, b: Tensor, ia: Tensor, ib: Tensor) -> Tensor:
+        return torch.linalg.vecdot(a, b) * ia * ib  # fused dot: no [B, H, W, D] product temporary
+
+    h = 1.0 - cos(features[:, :, :-1], features[:, :, 1:], inv[:, :, :-1], inv[:, :, 1:])
+    v = 1.0 - cos(features[:, :-1], features[:, 1:], inv[:, :-1], inv[:, 1:])
     return _neighbour_max(h, v).clamp(0.0, 2.0)
 
 

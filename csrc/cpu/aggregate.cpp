@@ -35,7 +35,7 @@ namespace {
 template <int CT>
 struct SegmentSums {
   static constexpr int kV = (CT > 0 && CT % 16 == 0) ? CT / 16 : 0;
-  float raw = 0.0f, wsum = 0.0f;
+  float raw = 0.0f, wsum = 0.0f, mu_coef = 0.0f;  // mu_coef: IRLS, sum of scale * cos
   vf16 v16[kV > 0 ? kV : 1] = {};
   float* v;  // generic path
   explicit SegmentSums(float* scratch, int64_t D) : v(scratch) {
@@ -158,12 +158,21 @@ void aggregate_tiles(int64_t B, int64_t NB, int64_t H, int64_t W, int64_t D_rt, 
             sums.wsum += omega;
             // theta / sin(theta) -> 1 as theta -> 0 (at the antipode z - cos mu = 0 anyway)
             const float scale = (sinv > 1e-12f) ? omega * theta / sinv : omega;
+            // scale (z - cos mu): the mu part summed as a scalar, applied once per segment
+            sums.mu_coef += scale * cosv;
             if constexpr (kV > 0) {
-              for (int u = 0; u < kV; ++u)
-                sums.v16[u] += scale * (load16(z + 16 * u) - cosv * load16(mi + 16 * u));
+              for (int u = 0; u < kV; ++u) sums.v16[u] += scale * load16(z + 16 * u);
             } else {
 #pragma omp simd
-              for (int64_t d = 0; d < D; ++d) sums.v[d] += scale * (z[d] - cosv * mi[d]);
+              for (int64_t d = 0; d < D; ++d) sums.v[d] += scale * z[d];
+            }
+          }
+          if constexpr (MODE == 1) {
+            if constexpr (kV > 0) {
+              for (int u = 0; u < kV; ++u) sums.v16[u] -= sums.mu_coef * load16(mi + 16 * u);
+            } else {
+#pragma omp simd
+              for (int64_t d = 0; d < D; ++d) sums.v[d] -= sums.mu_coef * mi[d];
             }
           }
           acc_raw[gi] += sums.raw;
