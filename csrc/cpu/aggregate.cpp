@@ -46,9 +46,8 @@ struct SegmentSums {
 // One aggregation pass over the tiles of B views (mode 0: init, 1: IRLS step).
 template <int CT, int MODE>
 void aggregate_tiles(int64_t B, int64_t NB, int64_t H, int64_t W, int64_t D_rt, int64_t TH, int64_t TW,
-                     int64_t tile_size, int64_t n_isects, const float* xy, const float* ext, const float* con,
-                     const float* opac, const float* pf, const float* pw, const float* m, const int32_t* offsets,
-                     const int32_t* fids, float fdelta, int n_threads, std::vector<std::vector<float>>& th_w,
+                     int64_t tile_size, int64_t n_isects, const PackedGaussian* pg, const float* pf, const float* pw,
+                     const float* m, const int32_t* offsets, const int32_t* fids, float fdelta, int n_threads, std::vector<std::vector<float>>& th_w,
                      std::vector<std::vector<float>>& th_raw, std::vector<std::vector<float>>& th_v, int64_t NG) {
   const int64_t D = CT > 0 ? CT : D_rt;
   constexpr int kV = SegmentSums<CT>::kV;
@@ -62,7 +61,7 @@ void aggregate_tiles(int64_t B, int64_t NB, int64_t H, int64_t W, int64_t D_rt, 
     acc_w.assign(NG, 0.0f);
     acc_raw.assign(NG, 0.0f);
     acc_v.assign((size_t)NG * D, 0.0f);
-    std::vector<float> lex, ley, lx, ly, la, lb, lc, lo;
+    TileGaussians tg;  // the tile's Gaussians (structure of arrays)
     std::vector<int64_t> lg;
     // per-row lanes (one per pixel of the tile row)
     const int64_t L = row_alpha_capacity(tile_size);
@@ -77,19 +76,13 @@ void aggregate_tiles(int64_t B, int64_t NB, int64_t H, int64_t W, int64_t D_rt, 
       tile_bounds(offsets, work, n_work, n_isects, start, end);
       if (end <= start) continue;
       const int64_t K = end - start;
-      lx.resize(K); ly.resize(K); lex.resize(K); ley.resize(K); la.resize(K); lb.resize(K); lc.resize(K);
-      lo.resize(K); lg.resize(K);
-      for (int64_t k = 0; k < K; ++k) {  // tile-local copies (structure of arrays)
-        const int64_t g = fids[start + k];
-        lx[k] = xy[2 * g]; ly[k] = xy[2 * g + 1];
-        lex[k] = ext[2 * g]; ley[k] = ext[2 * g + 1];
-        la[k] = con[3 * g]; lb[k] = con[3 * g + 1]; lc[k] = con[3 * g + 2];
-        lo[k] = opac[g]; lg[k] = g % NB;  // flatten_ids index b * N + n
-      }
+      tg.gather(pg, fids, start, K);
+      lg.resize(K);
+      for (int64_t k = 0; k < K; ++k) lg[k] = fids[start + k] % NB;  // flatten_ids index b * N + n
       const int64_t y0 = ty * tile_size, x0 = tx * tile_size;
       const int64_t y1 = std::min<int64_t>(y0 + tile_size, H), x1 = std::min<int64_t>(x0 + tile_size, W);
       const int64_t nx = x1 - x0;
-      rows.build(K, lx.data(), ly.data(), lex.data(), ley.data(), y0, y1, x0, x1);
+      rows.build(tg, y0, y1, x0, x1);
       for (int64_t py = y0; py < y1; ++py) {
         // Gaussian-major over this row (depth order); per pixel the contributions and their
         // order are those of a front-to-back scan that stops where T would reach 1e-4.
@@ -110,7 +103,7 @@ void aggregate_tiles(int64_t B, int64_t NB, int64_t H, int64_t W, int64_t D_rt, 
         for (int64_t j = 0; j < n_row && n_done < n_open; ++j) {
           const int64_t k = row[j];
           if (rows.p_lo[k] > rows.p_hi[k]) continue;
-          row_alphas(lx[k], ly[k], la[k], lb[k], lc[k], lo[k], fy, x0, L, ralpha.data(), rvis.data());
+          row_alphas(tg.x[k], tg.y[k], tg.a[k], tg.b[k], tg.c[k], tg.o[k], fy, x0, L, ralpha.data(), rvis.data());
           uint64_t mask = lane_mask(ralpha.data(), rlimit.data(), (int32_t)k, L);
           if (mask == 0) continue;
           const int64_t gi = lg[k];
@@ -229,12 +222,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_cpu(
 
   const int n_threads = std::max(1, at::get_num_threads());
   std::vector<std::vector<float>> th_w(n_threads), th_raw(n_threads), th_v(n_threads);
-  std::vector<float> ext((size_t)2 * B * NB);
-  gaussian_extents(B * NB, con, opac, ext.data());
+  const std::vector<PackedGaussian> packed = pack_gaussians(B * NB, xy, con, opac);
   dispatch_channels(D, [&](auto ct) {
     constexpr int CT = decltype(ct)::value;
     auto run = [&](auto kernel) {
-      kernel(B, NB, H, W, D, TH, TW, tile_size, n_isects, xy, ext.data(), con, opac, pf, pw, m, offsets, fids, fdelta,
+      kernel(B, NB, H, W, D, TH, TW, tile_size, n_isects, packed.data(), pf, pw, m, offsets, fids, fdelta,
              n_threads, th_w, th_raw, th_v, NG);
     };
     if (mode == 0) run(aggregate_tiles<CT, 0>); else run(aggregate_tiles<CT, 1>);

@@ -92,12 +92,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
   int32_t* out_last = last_ids.data_ptr<int32_t>();
 
   const int64_t n_work = B * TH * TW;
-  std::vector<float> ext((size_t)2 * B * N);
-  gaussian_extents(B * N, con, opac, ext.data());
+  const std::vector<PackedGaussian> packed = pack_gaussians(B * N, xy, con, opac);
 #pragma omp parallel num_threads(at::get_num_threads())
   {
     // Tile-local copies of the Gaussian parameters (structure of arrays).
-    std::vector<float> lex, ley, lx, ly, la, lb, lc, lo, lz, lf;
+    TileGaussians tg;  // the tile's Gaussians (structure of arrays)
+    std::vector<float> lz, lf;
     // Per-row state, one lane per pixel of the tile row (L lanes, lanes >= nx are padding).
     const int64_t L = row_alpha_capacity(tile_size);
     std::vector<float> rT(L), rd1(L), rd2(L), racc(L * C), ralpha(L), rvis(L);  // racc: [L][C]
@@ -110,19 +110,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
       TileRange r;
       tile_bounds(offsets, work, n_work, n_isects, r.start, r.end);
       const int64_t K = r.end - r.start;
-      lx.resize(K); ly.resize(K); lex.resize(K); ley.resize(K); la.resize(K); lb.resize(K); lc.resize(K); lo.resize(K); lz.resize(K);
+      tg.gather(packed.data(), fids, r.start, K);
+      lz.resize(K);
       lf.resize(K * C);
       for (int64_t k = 0; k < K; ++k) {
         const int64_t g = fids[r.start + k];
-        lx[k] = xy[2 * g]; ly[k] = xy[2 * g + 1];
-        lex[k] = ext[2 * g]; ley[k] = ext[2 * g + 1];
-        la[k] = con[3 * g]; lb[k] = con[3 * g + 1]; lc[k] = con[3 * g + 2];
-        lo[k] = opac[g]; lz[k] = dep[g];
+        lz[k] = dep[g];
         std::copy(feat + g * C, feat + (g + 1) * C, lf.data() + k * C);
       }
       const int64_t y0 = ty * tile_size, x0 = tx * tile_size;
       const int64_t y1 = std::min<int64_t>(y0 + tile_size, height), x1 = std::min<int64_t>(x0 + tile_size, width);
-      rows.build(K, lx.data(), ly.data(), lex.data(), ley.data(), y0, y1, x0, x1);
+      rows.build(tg, y0, y1, x0, x1);
       const int64_t nx = x1 - x0;
       for (int64_t py = y0; py < y1; ++py) {
         // Gaussian-major over this row, all pixels of the row at once (branch-free lanes); per
@@ -140,7 +138,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
         for (int64_t j = 0; j < n_row && n_done < nx; ++j) {
           const int64_t k = row[j];
           if (rows.p_lo[k] > rows.p_hi[k]) continue;  // no pixel centre of this row in its extent
-          row_alphas(lx[k], ly[k], la[k], lb[k], lc[k], lo[k], fy, x0, L, ralpha.data(), rvis.data());
+          row_alphas(tg.x[k], tg.y[k], tg.a[k], tg.b[k], tg.c[k], tg.o[k], fy, x0, L, ralpha.data(), rvis.data());
           const float z = lz[k];
           const float* f = lf.data() + k * C;
           for (uint64_t mask = lane_mask(ralpha.data(), rlimit.data(), (int32_t)k, L); mask; mask &= mask - 1) {
@@ -217,11 +215,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
   const float* vd2 = v_d2.data_ptr<float>();
 
   const int64_t n_work = B * TH * TW;
-  std::vector<float> ext((size_t)2 * B * N);
-  gaussian_extents(B * N, con, opac, ext.data());
+  const std::vector<PackedGaussian> packed = pack_gaussians(B * N, xy, con, opac);
 #pragma omp parallel num_threads(at::get_num_threads())
   {
-    std::vector<float> lex, ley, lx, ly, la, lb, lc, lo;
+    TileGaussians tg;  // the tile's Gaussians (structure of arrays)
     // Per-row state, one SIMD lane per pixel of the tile row (L lanes, lanes >= nx are padding
     // with no contributor and zero gradients).
     const int64_t L = row_alpha_capacity(tile_size);
@@ -238,17 +235,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
       tile_bounds(offsets, work, n_work, n_isects, r.start, r.end);
       if (r.end <= r.start) continue;
       const int64_t K = r.end - r.start;
-      lx.resize(K); ly.resize(K); lex.resize(K); ley.resize(K); la.resize(K); lb.resize(K); lc.resize(K); lo.resize(K);
-      for (int64_t k = 0; k < K; ++k) {
-        const int64_t g = fids[r.start + k];
-        lx[k] = xy[2 * g]; ly[k] = xy[2 * g + 1];
-        lex[k] = ext[2 * g]; ley[k] = ext[2 * g + 1];
-        la[k] = con[3 * g]; lb[k] = con[3 * g + 1]; lc[k] = con[3 * g + 2];
-        lo[k] = opac[g];
-      }
+      tg.gather(packed.data(), fids, r.start, K);
       const int64_t y0 = ty * tile_size, x0 = tx * tile_size;
       const int64_t y1 = std::min<int64_t>(y0 + tile_size, height), x1 = std::min<int64_t>(x0 + tile_size, width);
-      rows.build(K, lx.data(), ly.data(), lex.data(), ley.data(), y0, y1, x0, x1);
+      rows.build(tg, y0, y1, x0, x1);
       const int64_t nx = x1 - x0;
       for (int64_t py = y0; py < y1; ++py) {
         // Gaussian-major, back to front over this row, all pixels at once; per pixel the same
@@ -282,17 +272,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
           if (rows.p_lo[k] > rows.p_hi[k]) continue;
           const int64_t isect = r.start + k;
           const int64_t g = fids[isect];
-          const float a_ = la[k], b_ = lb[k], c_ = lc[k], o = lo[k];
+          const float a_ = tg.a[k], b_ = tg.b[k], c_ = tg.c[k], o = tg.o[k];
           const float z = dep[g];
           const float* f = feat + g * C;
           float* grow = isect_grad.data() + (size_t)isect * S;
-          row_alphas(lx[k], ly[k], a_, b_, c_, o, fy, x0, L, ralpha.data(), rvis.data());
+          row_alphas(tg.x[k], tg.y[k], a_, b_, c_, o, fy, x0, L, ralpha.data(), rvis.data());
           // the pixels this pair contributes to: alpha kept, not behind the pixel's last contributor
           uint64_t mask = lane_mask(ralpha.data(), rlastk.data(), (int32_t)k, L);
           if (mask == 0) continue;
 #pragma omp simd
           for (int64_t l = 0; l < L; ++l) rra[l] = 1.0f / (1.0f - ralpha[l]);  // vector divide, all lanes
-          const float dy = ly[k] - fy, mx0 = lx[k] - ((float)x0 + 0.5f);
+          const float dy = tg.y[k] - fy, mx0 = tg.x[k] - ((float)x0 + 0.5f);
           // d features of this pair's Gaussian: in registers for a compile-time multiple of 16
           constexpr int kV = (CT > 0 && CT % 16 == 0) ? CT / 16 : 0;
           vf16 gv[kV > 0 ? kV : 1] = {};

@@ -15,10 +15,18 @@
 
 namespace rh3dgs {
 
-// Half-widths (ex, ey) of the box outside which alpha < 1/255, for n Gaussians (conics [n,3],
-// opacities [n]) into ext [n,2]; ex = -1 for one that never reaches 1/255, 1e30 (no culling)
-// for a degenerate conic. Per Gaussian once, not per tile intersection.
-inline void gaussian_extents(int64_t n, const float* con, const float* opac, float* ext) {
+// One Gaussian of one view as the CPU kernels read it: 2D mean, conic, opacity and the
+// half-widths (ex, ey) of the box outside which its alpha < 1/255 (ex = -1: it never reaches
+// 1/255; 1e30: degenerate conic, no culling). One 32-byte record, so gathering a tile's
+// Gaussians costs one cache line each instead of one per input array.
+struct PackedGaussian {
+  float x, y, a, b, c, o, ex, ey;
+};
+
+// Packs n Gaussians (means2d [n,2], conics [n,3], opacities [n]) with their extents, in
+// parallel: per Gaussian once, not per tile intersection.
+inline std::vector<PackedGaussian> pack_gaussians(int64_t n, const float* xy, const float* con, const float* opac) {
+  std::vector<PackedGaussian> out(n);
   at::parallel_for(0, n, 2048, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
       const float a = con[3 * g], b = con[3 * g + 1], c = con[3 * g + 2], o = opac[g];
@@ -35,11 +43,25 @@ inline void gaussian_extents(int64_t n, const float* con, const float* opac, flo
         if (!(ex < 1e29f)) ex = 1e30f;
         if (!(ey < 1e29f)) ey = 1e30f;
       }
-      ext[2 * g] = ex;
-      ext[2 * g + 1] = ey;
+      out[g] = {xy[2 * g], xy[2 * g + 1], a, b, c, o, ex, ey};
     }
   });
+  return out;
 }
+
+// The Gaussians of one tile in depth order (structure of arrays, index k = position in the tile).
+struct TileGaussians {
+  std::vector<float> x, y, a, b, c, o, ex, ey;
+
+  // Gaussians flatten_ids[start .. start + K) of the packed array.
+  void gather(const PackedGaussian* pg, const int32_t* fids, int64_t start, int64_t K) {
+    for (auto* v : {&x, &y, &a, &b, &c, &o, &ex, &ey}) v->resize(K);
+    for (int64_t k = 0; k < K; ++k) {
+      const PackedGaussian& g = pg[fids[start + k]];
+      x[k] = g.x; y[k] = g.y; a[k] = g.a; b[k] = g.b; c[k] = g.c; o[k] = g.o; ex[k] = g.ex; ey[k] = g.ey;
+    }
+  }
+};
 
 struct TileRows {
   std::vector<float> xlo, xhi;       // per Gaussian k of the tile
@@ -50,11 +72,10 @@ struct TileRows {
   std::vector<int32_t> p_lo, p_hi;   // per Gaussian: pixel columns [p_lo, p_hi] of its x-extent in the tile
   std::vector<int32_t> cur;          // scratch of build()
 
-  // lx, ly: the tile's Gaussian means; lex, ley: their extents from gaussian_extents() (ex < 0:
-  // never reaches alpha 1/255); rows y0 .. y1-1 and columns x0 .. x1-1 of the image.
-  void build(int64_t K, const float* lx, const float* ly, const float* lex, const float* ley, int64_t y0, int64_t y1,
-             int64_t x0, int64_t x1) {
-    const int64_t rows = y1 - y0;
+  // The tile's Gaussians t (K of them); rows y0 .. y1-1 and columns x0 .. x1-1 of the image.
+  void build(const TileGaussians& t, int64_t y0, int64_t y1, int64_t x0, int64_t x1) {
+    const int64_t K = (int64_t)t.x.size(), rows = y1 - y0;
+    const float *lx = t.x.data(), *ly = t.y.data(), *lex = t.ex.data(), *ley = t.ey.data();
     xlo.resize(K); xhi.resize(K); k_lo.resize(K); k_hi.resize(K); p_lo.resize(K); p_hi.resize(K);
     row_begin.assign(rows + 1, 0);
     for (int64_t k = 0; k < K; ++k) {
