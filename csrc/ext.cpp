@@ -44,4 +44,9 @@ TORCH_LIBRARY(rh3dgs, m) {
       "aggregate_sphere(Tensor means2d, Tensor conics, Tensor opacities, Tensor pixel_feats, "
       "Tensor pixel_weights, Tensor mu, float delta, int mode, int num_gaussians, int tile_size, "
       "Tensor isect_offsets, Tensor flatten_ids) -> (Tensor, Tensor, Tensor)");
+  // Relevancy of latent rows f [P, d] for folded queries pos [Q, d] against folded negatives
+  // neg [J, d], with R [r, d] (R^T R = decoder^T decoder, so |decoder f| = |R f|):
+  //   rel[p, q] = sigmoid(tau (cos(q, f) - max_j cos(neg_j, f))), cos(x, f) = <x, f> / |R f|.
+  // Returns [P, Q]. CPU kernel; elsewhere rh3dgs.ops.relevancy runs its torch reference.
+  m.def("relevancy(Tensor latents, Tensor pos, Tensor neg, Tensor norm_factor, float temperature) -> Tensor");
 }

@@ -25,7 +25,7 @@ from .cameras import Cameras
 from .errors import ConfigError, InputFileError, Rh3dgsError, ShapeError
 from .field import SemanticField
 from .gaussians import Gaussians
-from .query import CANONICAL_NEGATIVES, relevancy_from_cosines
+from .query import CANONICAL_NEGATIVES
 
 __all__ = ["Scene", "load", "save_scene", "TextEmbeddings"]
 
@@ -154,19 +154,14 @@ class Scene:
         return (rel * (alpha >= min_alpha)[..., None]).permute(2, 0, 1)
 
     def _relevancy(self, latents: Tensor, phi: Tensor, neg: Tensor) -> Tensor:
-        """[..., d] latents -> [..., Q] relevancy; one fast-path cosine for queries and negatives together."""
-        cos = self._require_field().cosine(latents, torch.cat([phi, neg.to(phi)]))
-        return relevancy_from_cosines(cos[..., : len(phi)], cos[..., len(phi):], self.temperature)
+        """[..., d] latents -> [..., Q] relevancy (queries and negatives in one pass)."""
+        return self._require_field().relevancy(latents, phi, neg, self.temperature)
 
     # ---------------------------------------------------------------- 3D
     def relevancy(self, queries: Union[Query, Sequence[Query]], negatives: Optional[Sequence[Query]] = None) -> Tensor:
         """Per-Gaussian relevancy [Q, N] (0 for Gaussians without a valid feature)."""
-        f = self._require_field()
         phi, neg = self.encode(queries), self._negatives(negatives)
-        rel = self._relevancy(f.latents.to(phi), phi, neg).T
-        if f.valid is not None:
-            rel = rel * f.valid.to(rel.device)[None]
-        return rel
+        return self._require_field().gaussian_relevancy(phi, neg, self.temperature)
 
     def select(self, query: Query, threshold: float = 0.5, negatives: Optional[Sequence[Query]] = None) -> Tensor:
         """bool [N]: Gaussians whose relevancy for ``query`` is above ``threshold``."""

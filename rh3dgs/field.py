@@ -2,8 +2,8 @@
 
 z_hat = normalize(decoder @ f) with decoder [D, d]. Rendering composites the latents f
 with the colour weights; the decoder is applied per pixel after compositing. Queries
-fold into latent space (``<phi, Dec F> = <Dec^T phi, F>``; the norm |Dec F| uses the
-d x d Gram matrix), so a text query costs one d-dimensional dot product per pixel.
+fold into latent space (``<phi, Dec F> = <Dec^T phi, F>``; the norm |Dec F| = |R F| with
+R from the decoder's QR), so a text query costs one d-dimensional dot product per pixel.
 """
 from __future__ import annotations
 
@@ -45,6 +45,11 @@ class SemanticField:
         """[d, d] decoder^T decoder (the norm of a decoded vector in latent terms)."""
         return self.decoder.T @ self.decoder
 
+    @property
+    def norm_factor(self) -> Tensor:
+        """[r, d] R with R^T R = gram (R of the decoder's reduced QR): |decoder f| = |R f|."""
+        return torch.linalg.qr(self.decoder.double(), mode="r")[1].to(self.decoder.dtype)
+
     def decode(self, latents: Optional[Tensor] = None) -> Tensor:
         """[..., d] latents -> [..., D] unit teacher-space features (zero where the latent is zero)."""
         f = self.latents if latents is None else latents
@@ -57,11 +62,34 @@ class SemanticField:
         return phi @ self.decoder
 
     def cosine(self, latents: Tensor, phi: Tensor) -> Tensor:
-        """Cosine between decoded ``latents`` [..., d] and unit queries phi [Q, D] -> [..., Q] (fast path)."""
+        """Cosine between decoded ``latents`` [..., d] and unit queries phi [Q, D] -> [..., Q] (fast path).
+
+        One [.., d] x [d, Q + r] product gives the numerators <decoder^T phi, f> and R f, whose
+        length is |decoder f| (0 latents: cosine 0).
+        """
         q = self.fold_queries(phi.to(latents))  # [Q, d]
-        num = latents @ q.T
-        norm = ((latents @ self.gram.to(latents)) * latents).sum(-1, keepdim=True).clamp_min(1e-24).sqrt()
-        return num / norm
+        Q, d = q.shape
+        y = latents.reshape(-1, d) @ torch.cat([q.T, self.norm_factor.to(latents).T], 1)
+        norm = torch.linalg.vector_norm(y[:, Q:], dim=1, keepdim=True).clamp_min(1e-12)
+        return (y[:, :Q] / norm).reshape(*latents.shape[:-1], Q)
+
+    def relevancy(self, latents: Tensor, positives: Tensor, negatives: Tensor, temperature: float = 10.0) -> Tensor:
+        """LERF relevancy of decoded ``latents`` [..., d] for unit queries [Q, D] vs negatives [J, D] -> [..., Q].
+
+        ``relevancy_from_cosines`` of :meth:`cosine`, in one native pass on CPU (:func:`rh3dgs.ops.relevancy`).
+        """
+        from .ops import relevancy
+
+        pos = self.fold_queries(positives.to(latents))
+        neg = self.fold_queries(negatives.to(latents)) if negatives.numel() else pos.new_zeros(0, pos.shape[1])
+        return relevancy(latents, pos, neg, self.norm_factor.to(latents), temperature)
+
+    def gaussian_relevancy(self, positives: Tensor, negatives: Tensor, temperature: float = 10.0) -> Tensor:
+        """Per-Gaussian relevancy [Q, N] (0 where ``valid`` is False)."""
+        rel = self.relevancy(self.latents.to(positives), positives, negatives, temperature).T
+        if self.valid is not None:
+            rel = rel * self.valid.to(rel.device)[None]
+        return rel
 
     def to(self, device) -> "SemanticField":
         return SemanticField(self.latents.to(device), self.decoder.to(device),

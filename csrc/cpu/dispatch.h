@@ -9,6 +9,7 @@
 namespace rh3dgs {
 
 // Calls fn(std::integral_constant<int, CT>{}) with CT = C for the common counts, else CT = 0.
+// 19 and 35: RGB composited together with 16 or 32 latent channels (the viewer's frames).
 template <typename Fn>
 decltype(auto) dispatch_channels(int64_t C, Fn&& fn) {
   switch (C) {
@@ -16,7 +17,9 @@ decltype(auto) dispatch_channels(int64_t C, Fn&& fn) {
     case 3: return fn(std::integral_constant<int, 3>{});
     case 8: return fn(std::integral_constant<int, 8>{});
     case 16: return fn(std::integral_constant<int, 16>{});
+    case 19: return fn(std::integral_constant<int, 19>{});
     case 32: return fn(std::integral_constant<int, 32>{});
+    case 35: return fn(std::integral_constant<int, 35>{});
     case 64: return fn(std::integral_constant<int, 64>{});
     default: return fn(std::integral_constant<int, 0>{});
   }

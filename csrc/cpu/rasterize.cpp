@@ -151,9 +151,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
               continue;
             }
             const float w = a * rT[l];
-            float* acc = racc.data() + l * C;
-#pragma omp simd
-            for (int64_t c = 0; c < C; ++c) acc[c] += w * f[c];
+            axpy<CT>(racc.data() + l * C, w, f, C);
             rd1[l] += w * z;
             rd2[l] += w * z * z;
             rT[l] = next_T;

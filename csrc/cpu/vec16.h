@@ -30,4 +30,15 @@ inline float hsum16(vf16 v) {
   return v[0];
 }
 
+// acc[0 .. n) += w * x[0 .. n): whole 16-float blocks as vector operations, then the tail
+// (n = CT when CT > 0, else n_rt). For counts like 3 + 16 the auto-vectorised loop paid
+// its runtime trip-count and alias checks on every call.
+template <int CT>
+inline void axpy(float* __restrict acc, float w, const float* __restrict x, int64_t n_rt) {
+  const int64_t n = CT > 0 ? CT : n_rt;
+  int64_t c = 0;
+  for (; c + 16 <= n; c += 16) store16(acc + c, load16(acc + c) + w * load16(x + c));
+  for (; c < n; ++c) acc[c] += w * x[c];
+}
+
 }  // namespace rh3dgs

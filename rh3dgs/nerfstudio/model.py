@@ -485,17 +485,13 @@ class Rh3dgsModel(SplatfactoModel):
         Args:
             outputs: :meth:`get_outputs` result (needs ``latents`` [H, W, d]).
             positives: [Q, D] unit text embeddings (teacher space); negatives: [J, D] or None.
-        Uses the linear fast path (:meth:`rh3dgs.field.SemanticField.cosine`).
+        Uses the linear fast path (:meth:`rh3dgs.field.SemanticField.relevancy`).
         """
-        from ..query import relevancy_from_cosines
-
         fld = self.semantic_field()
         lat = outputs["latents"].float()
-        dev = lat.device
-        pos = fld.cosine(lat, positives.to(dev).float())
-        neg = fld.cosine(lat, negatives.to(dev).float()) if negatives is not None and negatives.numel() else \
-            pos.new_zeros(*pos.shape[:-1], 0)
-        rel = relevancy_from_cosines(pos, neg, temperature)
+        pos = positives.to(lat.device).float()
+        neg = negatives.to(pos) if negatives is not None else pos.new_zeros(0, pos.shape[-1])
+        rel = fld.relevancy(lat, pos, neg, temperature)
         return {f"relevancy_{i}": rel[..., i: i + 1] for i in range(rel.shape[-1])}
 
     def _semantic_inputs(self, outputs, batch):

@@ -3,10 +3,12 @@
 * :func:`rasterize_to_pixels` - N-D feature compositing + render statistics (A, D1, D2).
 * :func:`aggregate_sphere` - per-Gaussian robust spherical mean accumulation (lift).
 * :func:`isect_tiles` - tile binning.
+* :func:`relevancy` - text-query relevancy of latent rows (the query fast path).
 Pure-torch references live in :mod:`rh3dgs.ops._ref`.
 """
 from .aggregate import aggregate_sphere
 from .binning import isect_tiles
 from .rasterize import RasterOutput, rasterize_to_pixels
+from .relevancy import relevancy
 
-__all__ = ["aggregate_sphere", "isect_tiles", "rasterize_to_pixels", "RasterOutput"]
+__all__ = ["aggregate_sphere", "isect_tiles", "rasterize_to_pixels", "RasterOutput", "relevancy"]

@@ -15,7 +15,19 @@ ALPHA_MIN = 1.0 / 255.0
 ALPHA_MAX = 0.999
 T_MIN = 1e-4
 
-__all__ = ["_ref_rasterize_to_pixels", "_ref_aggregate_sphere", "_ref_tile_contributions", "_ref_isect_tiles"]
+__all__ = ["_ref_rasterize_to_pixels", "_ref_aggregate_sphere", "_ref_tile_contributions", "_ref_isect_tiles",
+           "_ref_relevancy"]
+
+
+@torch.no_grad()
+def _ref_relevancy(latents: Tensor, pos: Tensor, neg: Tensor, norm_factor: Tensor, temperature: float) -> Tensor:
+    """Reference of ``relevancy``: cosines of [..., d] latents (norm |R f|), then the LERF relevancy."""
+    from ..query import relevancy_from_cosines
+
+    norm = torch.linalg.vector_norm(latents @ norm_factor.to(latents).T, dim=-1, keepdim=True).clamp_min(1e-12)
+    Q = pos.shape[0]
+    cos = latents @ torch.cat([pos, neg]).to(latents).T / norm
+    return relevancy_from_cosines(cos[..., :Q], cos[..., Q:], temperature)
 
 
 @torch.no_grad()

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from ..errors import ConfigError, Rh3dgsError
 from ..field import SemanticField
-from ..query import CANONICAL_NEGATIVES, relevancy_from_cosines
+from ..query import CANONICAL_NEGATIVES
 from ..viz import overlay_heatmap, turbo
 
 __all__ = [
@@ -76,9 +76,7 @@ def relevancy_maps(field_: SemanticField, latent_map: Tensor, alpha: Tensor, pos
     ``alpha < min_alpha`` get 0. Equals ``Scene.render_relevancy`` for the same render; positives
     and negatives share one pass over the pixels (one latent norm per pixel).
     """
-    Q = positives.shape[0]
-    cos = field_.cosine(latent_map, torch.cat([positives, negatives.to(positives)], 0))  # [H, W, Q + J]
-    rel = relevancy_from_cosines(cos[..., :Q], cos[..., Q:], temperature)
+    rel = field_.relevancy(latent_map, positives, negatives, temperature)  # [H, W, Q]
     return (rel * (alpha >= min_alpha)[..., None]).permute(2, 0, 1)
 
 
@@ -142,12 +140,7 @@ def compose_output(output: str, rgb: Tensor, heat: Optional[Tensor] = None, alph
 def gaussian_relevancy(field_: SemanticField, positives: Tensor, negatives: Tensor,
                        temperature: float = 10.0) -> Tensor:
     """Per-Gaussian relevancy [Q, N] (0 where ``field_.valid`` is False). Equals ``Scene.relevancy``."""
-    lat = field_.latents.to(positives)
-    neg = field_.cosine(lat, negatives) if len(negatives) else lat.new_zeros(lat.shape[0], 0)
-    rel = relevancy_from_cosines(field_.cosine(lat, positives), neg, temperature).T
-    if field_.valid is not None:
-        rel = rel * field_.valid.to(rel.device)[None]
-    return rel
+    return field_.gaussian_relevancy(positives, negatives, temperature)
 
 
 def select_gaussians(relevancy: Tensor, threshold: float, index: Optional[int] = None) -> Tensor:
