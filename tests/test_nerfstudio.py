@@ -377,3 +377,63 @@ def test_training_guards_stop_or_skip_on_non_finite(pipeline):
         m.config.skip_nonfinite_batches = False
         m.gauss_params["latents"].data[0] = saved
         m._skipped_in_a_row = 0
+
+
+# ---------------------------------------------------------------------------- kill and resume
+@pytest.mark.slow
+def test_ns_train_killed_then_resumed(small_data, tmp_path):
+    """SIGKILL ``ns-train rh3dgs-lite`` while it trains and saves, re-run with ``--load-dir``: every
+    ``.ckpt`` left behind is complete, a broken newest one is skipped by name, the run finishes."""
+    import random
+    import signal
+
+    from rh3dgs.nerfstudio.trainer import checkpoints_newest_first
+
+    out = tmp_path / "outputs"
+    models = out / "k" / "rh3dgs-lite" / "run" / "nerfstudio_models"
+    base = [str(VENV_BIN / "ns-train"), "rh3dgs-lite", "--machine.device-type", "cpu", "--vis", "tensorboard",
+            "--output-dir", str(out), "--experiment-name", "k", "--timestamp", "run",
+            "--max-num-iterations", "80", "--steps-per-save", "5", "--viewer.quit-on-train-completion", "True",
+            "--pipeline.datamanager.teacher-cache-dir", str(tmp_path / "cache")]
+
+    def cmd():
+        resume = ["--load-dir", str(models)] if models.is_dir() and checkpoints_newest_first(models) else []
+        return base + resume + ["--data", str(small_data)]
+
+    def all_complete():
+        for step, p in checkpoints_newest_first(models):
+            state = torch.load(p, map_location="cpu", weights_only=True)
+            assert state["step"] == step, p
+
+    rng = random.Random(0)
+    steps_seen = []
+    for i in range(3):
+        before = checkpoints_newest_first(models) if models.is_dir() else []
+        log = tmp_path / f"kill{i}.log"
+        with open(log, "wb") as f:
+            proc = subprocess.Popen(cmd(), env=_ns_env(), stdout=f, stderr=subprocess.STDOUT, cwd=tmp_path)
+            t0 = time.monotonic()
+            # wait for this run's first new checkpoint, then kill at a random moment of the next saves
+            while proc.poll() is None and (not models.is_dir() or checkpoints_newest_first(models) == before):
+                assert time.monotonic() - t0 < 600, log.read_text()[-3000:]
+                time.sleep(0.02)
+            time.sleep(rng.uniform(0.0, 1.5))
+            assert proc.poll() is None, ("finished before the kill", log.read_text()[-3000:])
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=60)
+        all_complete()
+        steps_seen.append(checkpoints_newest_first(models)[0][0])
+    assert steps_seen == sorted(steps_seen) and steps_seen[-1] > steps_seen[0], steps_seen  # each run resumed
+    # a broken newest checkpoint (a save cut short by hand) is skipped, not loaded
+    newest_step, newest = checkpoints_newest_first(models)[0]
+    broken = models / f"step-{newest_step + 1:09d}.ckpt"
+    broken.write_bytes(newest.read_bytes()[:1000])
+    r = subprocess.run(cmd(), env=_ns_env(), capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    said = (r.stdout + r.stderr).replace("\n", "")  # rich wraps long lines
+    assert "Skipping unreadable checkpoint" in said and broken.name in said
+    assert f"Resumed from {newest}" in said
+    final = checkpoints_newest_first(models)
+    # nerfstudio's --load-dir runs max_num_iterations more steps: newest_step + 1 .. newest_step + 80
+    assert final[0][0] == newest_step + 80 and not broken.exists()
+    all_complete()

@@ -30,7 +30,7 @@ from ..vfm import VFMConfig
 from .datamanager import Rh3dgsDataManagerConfig
 from .model import Rh3dgsModelConfig
 from .pipeline import Rh3dgsPipelineConfig
-
+from .trainer import Rh3dgsTrainerConfig
 
 
 class FloatExponentialDecayScheduler(ExponentialDecayScheduler):
@@ -83,7 +83,7 @@ def rh3dgs_config() -> TrainerConfig:
     """Full schedule (30k steps, splatfacto's densification; semantic loss from step 0 with a
     1k-step ramp, LIC from 5k, delta annealed over 10k)."""
     steps = 30000
-    return TrainerConfig(
+    return Rh3dgsTrainerConfig(
         method_name="rh3dgs",
         steps_per_eval_image=100,
         steps_per_eval_batch=0,
@@ -112,7 +112,7 @@ def rh3dgs_lite_config() -> TrainerConfig:
     """CPU-sized preset: 300 steps, no image pyramid, <= 4k seed points, black background,
     densification between steps 60 and 200 (threshold 4e-4), semantic ramp 60 steps, LIC from step 150, delta annealed over 240."""
     steps = 300
-    return TrainerConfig(
+    return Rh3dgsTrainerConfig(
         method_name="rh3dgs-lite",
         steps_per_eval_image=150,
         steps_per_eval_batch=0,

@@ -154,8 +154,12 @@ def _dataparser_transform(run_dir: Path) -> Tuple[Tensor, float]:
     path = run_dir / "dataparser_transforms.json"
     if not path.is_file():
         return torch.eye(4, dtype=torch.float64)[:3], 1.0
-    meta = json.loads(path.read_text())
-    return torch.tensor(meta["transform"], dtype=torch.float64), float(meta["scale"])
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+        return torch.tensor(meta["transform"], dtype=torch.float64).reshape(3, 4), float(meta["scale"])
+    except (OSError, ValueError, RecursionError, KeyError, TypeError, RuntimeError) as exc:
+        raise NerfstudioRunError(f"{path}: not a nerfstudio dataparser transform "
+                                 f"({{'transform': 3x4, 'scale': float}}): {type(exc).__name__}: {exc}") from None
 
 
 def _data_dir(config) -> Optional[Path]:

@@ -126,7 +126,7 @@ def read_lerf_label(path: PathLike) -> LerfFrame:
         raise LerfLabelError(p, "label file not found")
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8, ints over the 4300-digit limit
         raise LerfLabelError(p, f"is not valid JSON ({exc})") from exc
     if not isinstance(data, dict):
         raise LerfLabelError(p, "top level must be an object with 'info' and 'objects'")
