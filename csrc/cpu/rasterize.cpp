@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <bit>
 #include <limits>
+#include <memory>
 #include <cmath>
 #include <vector>
 
@@ -49,6 +50,14 @@ void check_inputs(const at::Tensor& means2d, const at::Tensor& conics, const at:
               "isect_offsets and flatten_ids must be int32");
   for (const auto* t : {&means2d, &conics, &features, &opacities, &depths}) {
     TORCH_CHECK(t->scalar_type() == at::kFloat, "rh3dgs rasterizer expects float32 tensors");
+  }
+  // tile runs partition flatten_ids: 0 = offsets[0] <= offsets[1] <= ... <= n_isects
+  const auto offs = isect_offsets.contiguous();
+  const int32_t* o = offs.data_ptr<int32_t>();
+  const int64_t n_tiles = offs.numel(), n_isects = flatten_ids.numel();
+  for (int64_t t = 0; t < n_tiles; ++t) {
+    TORCH_CHECK(o[t] >= (t == 0 ? 0 : o[t - 1]) && o[t] <= n_isects && (t > 0 || o[0] == 0),
+                "isect_offsets must be non-decreasing from 0 to at most flatten_ids.numel()");
   }
 }
 
@@ -195,7 +204,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
   const int64_t n_isects = flatten_ids.numel();
   // Per-intersection gradient rows: [xy(2), conic(3), opacity(1), depth(1), features(C)].
   const int64_t S = 7 + C;
-  std::vector<float> isect_grad((size_t)n_isects * S, 0.0f);
+  // Zeroed per tile inside the parallel loop (every intersection belongs to exactly one tile).
+  std::unique_ptr<float[]> isect_grad(new float[(size_t)n_isects * S]);
 
   const float* xy = means2d.data_ptr<float>();
   const float* con = conics.data_ptr<float>();
@@ -233,6 +243,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
       tile_bounds(offsets, work, n_work, n_isects, r.start, r.end);
       if (r.end <= r.start) continue;
       const int64_t K = r.end - r.start;
+      std::fill(isect_grad.get() + r.start * S, isect_grad.get() + r.end * S, 0.0f);
       tg.gather(packed.data(), fids, r.start, K);
       const int64_t y0 = ty * tile_size, x0 = tx * tile_size;
       const int64_t y1 = std::min<int64_t>(y0 + tile_size, height), x1 = std::min<int64_t>(x0 + tile_size, width);
@@ -273,7 +284,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
           const float a_ = tg.a[k], b_ = tg.b[k], c_ = tg.c[k], o = tg.o[k];
           const float z = dep[g];
           const float* f = feat + g * C;
-          float* grow = isect_grad.data() + (size_t)isect * S;
+          float* grow = isect_grad.get() + (size_t)isect * S;
           row_alphas(tg.x[k], tg.y[k], a_, b_, c_, o, fy, x0, L, ralpha.data(), rvis.data());
           // the pixels this pair contributes to: alpha kept, not behind the pixel's last contributor
           uint64_t mask = lane_mask(ralpha.data(), rlastk.data(), (int32_t)k, L);
@@ -360,7 +371,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
   // Deterministic serial reduction of intersection rows into Gaussians.
   for (int64_t i = 0; i < n_isects; ++i) {
     const int64_t g = fids[i];
-    const float* row = isect_grad.data() + (size_t)i * S;
+    const float* row = isect_grad.get() + (size_t)i * S;
     gxy[2 * g] += row[0]; gxy[2 * g + 1] += row[1];
     gcon[3 * g] += row[2]; gcon[3 * g + 1] += row[3]; gcon[3 * g + 2] += row[4];
     gop[g] += row[5];

@@ -106,6 +106,11 @@ def read_labelled_points(path: PathLike, label_field: Optional[str] = None,
             field = label_field or next((f for f in LABEL_FIELDS if f in names), None)
             if field is None or field not in names:
                 raise PointLabelError(p, "no label field", field=label_field or "label")
+            if data.ndim != 1:
+                raise PointLabelError(p, f"must be a 1-D array of records, got shape {list(data.shape)}", field="shape")
+            for c in (*"xyz", field):
+                if data.dtype[c].shape != () or data.dtype[c].kind not in "biuf":
+                    raise PointLabelError(p, f"must be a scalar number, got dtype {data.dtype[c]}", field=c)
             pts = np.stack([data[c] for c in "xyz"], -1)
             raw = np.asarray(data[field])
         else:
