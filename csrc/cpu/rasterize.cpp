@@ -276,7 +276,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
         if (active == 0) continue;
         for (int64_t l = 0; l < L; ++l) { rT[l] = rTf[l]; rb1[l] = rb2[l] = 0.0f; }
         std::fill(rbuf.begin(), rbuf.end(), 0.0f);
-        for (int64_t j = n_row - 1; j >= 0; --j) {
+        // Gaussians behind every pixel's last contributor add nothing: start at the last that can
+        const int32_t max_last = *std::max_element(rlastk.begin(), rlastk.end());
+        int64_t j_first = n_row - 1;
+        while (j_first >= 0 && row[j_first] > max_last) --j_first;
+        for (int64_t j = j_first; j >= 0; --j) {
           const int64_t k = row[j];
           if (rows.p_lo[k] > rows.p_hi[k]) continue;
           const int64_t isect = r.start + k;
