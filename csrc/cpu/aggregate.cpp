@@ -86,8 +86,6 @@ void aggregate_tiles(int64_t B, int64_t NB, int64_t H, int64_t W, int64_t D_rt, 
       for (int64_t py = y0; py < y1; ++py) {
         // Gaussian-major over this row (depth order); per pixel the contributions and their
         // order are those of a front-to-back scan that stops where T would reach 1e-4.
-        const int32_t* row = rows.items.data() + rows.row_begin[py - y0];
-        const int64_t n_row = rows.row_begin[py - y0 + 1] - rows.row_begin[py - y0];
         const float fy = (float)py + 0.5f;
         const int64_t pix0 = (b * H + py) * W + x0;
         const float* zrow = pf + pix0 * D;
@@ -99,27 +97,13 @@ void aggregate_tiles(int64_t B, int64_t NB, int64_t H, int64_t W, int64_t D_rt, 
           rlimit[l] = open ? std::numeric_limits<int32_t>::max() : -1;
           n_open += open;
         }
-        int64_t n_done = 0;
-        for (int64_t j = 0; j < n_row && n_done < n_open; ++j) {
-          const int64_t k = row[j];
-          if (rows.p_lo[k] > rows.p_hi[k]) continue;
-          row_alphas(tg.x[k], tg.y[k], tg.a[k], tg.b[k], tg.c[k], tg.o[k], fy, x0, L, ralpha.data(), rvis.data());
-          uint64_t mask = lane_mask(ralpha.data(), rlimit.data(), (int32_t)k, L);
-          if (mask == 0) continue;
+        composite_row(tg, rows, py - y0, fy, x0, L, n_open, rT.data(), rlimit.data(), ralpha.data(), rvis.data(),
+                      [&](int64_t k, auto&& pairs) {
           const int64_t gi = lg[k];
           const float* mi = m + gi * D;
           SegmentSums<CT> sums(scratch.data(), D);
-          for (; mask; mask &= mask - 1) {
-            const int64_t l = std::countr_zero(mask);
-            const float a = ralpha[l];
-            const float next_T = rT[l] * (1.0f - a);
-            if (next_T <= kTransmittanceMin) {  // the pixel ends before this Gaussian
-              rlimit[l] = -1;
-              ++n_done;
-              continue;
-            }
-            const float w = a * rT[l] * rpw[l];
-            rT[l] = next_T;
+          pairs([&](int64_t l, float a, float T) {
+            const float w = a * T * rpw[l];
             sums.raw += w;
             const float* z = zrow + l * D;
             if constexpr (MODE == 0) {
@@ -130,7 +114,7 @@ void aggregate_tiles(int64_t B, int64_t NB, int64_t H, int64_t W, int64_t D_rt, 
 #pragma omp simd
                 for (int64_t d = 0; d < D; ++d) sums.v[d] += w * z[d];
               }
-              continue;
+              return;
             }
             float cosv;
             if constexpr (kV > 0) {
@@ -151,7 +135,7 @@ void aggregate_tiles(int64_t B, int64_t NB, int64_t H, int64_t W, int64_t D_rt, 
             sums.wsum += omega;
             // theta / sin(theta) -> 1 as theta -> 0 (at the antipode z - cos mu = 0 anyway)
             const float scale = (sinv > 1e-12f) ? omega * theta / sinv : omega;
-            // scale (z - cos mu): the mu part summed as a scalar, applied once per segment
+            // scale (z - cos mu): the mu part summed as a scalar, applied once per row
             sums.mu_coef += scale * cosv;
             if constexpr (kV > 0) {
               for (int u = 0; u < kV; ++u) sums.v16[u] += scale * load16(z + 16 * u);
@@ -159,7 +143,7 @@ void aggregate_tiles(int64_t B, int64_t NB, int64_t H, int64_t W, int64_t D_rt, 
 #pragma omp simd
               for (int64_t d = 0; d < D; ++d) sums.v[d] += scale * z[d];
             }
-          }
+          });
           if constexpr (MODE == 1) {
             if constexpr (kV > 0) {
               for (int u = 0; u < kV; ++u) sums.v16[u] -= sums.mu_coef * load16(mi + 16 * u);
@@ -177,7 +161,7 @@ void aggregate_tiles(int64_t B, int64_t NB, int64_t H, int64_t W, int64_t D_rt, 
 #pragma omp simd
             for (int64_t d = 0; d < D; ++d) v[d] += sums.v[d];
           }
-        }
+        });
       }
     }
   }

@@ -135,38 +135,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
         // Gaussian-major over this row, all pixels of the row at once (branch-free lanes); per
         // pixel the operations and their order are those of a front-to-back scan. A skipped
         // pair has alpha 0, which leaves T, the moments and the sums unchanged exactly.
-        const int32_t* row = rows.items.data() + rows.row_begin[py - y0];
-        const int64_t n_row = rows.row_begin[py - y0 + 1] - rows.row_begin[py - y0];
         const float fy = (float)py + 0.5f;
         for (int64_t l = 0; l < L; ++l) {
           rT[l] = 1.0f; rd1[l] = rd2[l] = 0.0f; rlast[l] = -1;
           rlimit[l] = l < nx ? std::numeric_limits<int32_t>::max() : -1;
         }
         std::fill(racc.begin(), racc.end(), 0.0f);
-        int64_t n_done = 0;
-        for (int64_t j = 0; j < n_row && n_done < nx; ++j) {
-          const int64_t k = row[j];
-          if (rows.p_lo[k] > rows.p_hi[k]) continue;  // no pixel centre of this row in its extent
-          row_alphas(tg.x[k], tg.y[k], tg.a[k], tg.b[k], tg.c[k], tg.o[k], fy, x0, L, ralpha.data(), rvis.data());
-          const float z = lz[k];
-          const float* f = lf.data() + k * C;
-          for (uint64_t mask = lane_mask(ralpha.data(), rlimit.data(), (int32_t)k, L); mask; mask &= mask - 1) {
-            const int64_t l = std::countr_zero(mask);
-            const float a = ralpha[l];
-            const float next_T = rT[l] * (1.0f - a);
-            if (next_T <= kTransmittanceMin) {  // the pixel ends before this Gaussian
-              rlimit[l] = -1;
-              ++n_done;
-              continue;
-            }
-            const float w = a * rT[l];
-            axpy<CT>(racc.data() + l * C, w, f, C);
-            rd1[l] += w * z;
-            rd2[l] += w * z * z;
-            rT[l] = next_T;
-            rlast[l] = (int32_t)(r.start + k);
-          }
-        }
+        composite_row(tg, rows, py - y0, fy, x0, L, nx, rT.data(), rlimit.data(), ralpha.data(), rvis.data(),
+                      [&](int64_t k, auto&& pairs) {
+                        const float z = lz[k];
+                        const float* f = lf.data() + k * C;
+                        const int32_t id = (int32_t)(r.start + k);
+                        pairs([&](int64_t l, float a, float T) {
+                          const float w = a * T;
+                          axpy<CT>(racc.data() + l * C, w, f, C);
+                          rd1[l] += w * z;
+                          rd2[l] += w * z * z;
+                          rlast[l] = id;
+                        });
+                      });
         for (int64_t q = 0; q < nx; ++q) {
           const int64_t pix = (b * height + py) * width + x0 + q;
           float* o = out + pix * C;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -12,6 +13,7 @@
 #include <ATen/Parallel.h>
 
 #include "../common.h"
+#include "row_alpha.h"
 
 namespace rh3dgs {
 
@@ -102,5 +104,42 @@ struct TileRows {
       for (int32_t r = k_lo[k]; r <= k_hi[k]; ++r) items[cur[r]++] = (int32_t)k;
   }
 };
+
+// Front-to-back compositing of one pixel row of a tile, Gaussian-major (forward rasterizer and
+// aggregation). Pixel lanes l < L with limit[l] >= 0 are open (INT32_MAX; -1 = closed or
+// padding), T[l] their transmittance. For each Gaussian k of the row, in depth order, while
+// fewer than n_open pixels have ended: seg(k, pairs), where pairs(fn) calls fn(l, alpha, T)
+// for each pixel the Gaussian composites onto (alpha kept, pixel open), in pixel order, with T
+// the transmittance in front of it; T[l] is then updated. A pixel whose T would fall to
+// <= 1e-4 ends before this Gaussian (limit -1). Per pixel: exactly a front-to-back scan.
+template <typename Segment>
+inline void composite_row(const TileGaussians& tg, const TileRows& rows, int64_t r, float fy, int64_t x0, int64_t L,
+                          int64_t n_open, float* T, int32_t* limit, float* alpha, float* vis, Segment&& seg) {
+  const int32_t* row = rows.items.data() + rows.row_begin[r];
+  const int64_t n_row = rows.row_begin[r + 1] - rows.row_begin[r];
+  int64_t n_done = 0;
+  for (int64_t j = 0; j < n_row && n_done < n_open; ++j) {
+    const int64_t k = row[j];
+    if (rows.p_lo[k] > rows.p_hi[k]) continue;  // no pixel centre of the tile in its x-extent
+    row_alphas(tg.x[k], tg.y[k], tg.a[k], tg.b[k], tg.c[k], tg.o[k], fy, x0, L, alpha, vis);
+    uint64_t mask = lane_mask(alpha, limit, (int32_t)k, L);
+    if (mask == 0) continue;
+    auto pairs = [&](auto&& fn) {
+      for (; mask; mask &= mask - 1) {
+        const int64_t l = std::countr_zero(mask);
+        const float a = alpha[l];
+        const float next_T = T[l] * (1.0f - a);
+        if (next_T <= kTransmittanceMin) {  // the pixel ends before this Gaussian
+          limit[l] = -1;
+          ++n_done;
+          continue;
+        }
+        fn(l, a, T[l]);
+        T[l] = next_T;
+      }
+    };
+    seg(k, pairs);
+  }
+}
 
 }  // namespace rh3dgs
