@@ -602,7 +602,10 @@ class Rh3dgsModel(SplatfactoModel):
     def _semantic_metrics(self, outputs, batch) -> Dict[str, Tensor]:
         """``sem_cos``: mean cosine of decoded rendered features to the teacher on valid pixels the
         scene covers (A >= 0.5); ``sem_cos_vcd``: the same weighted by the VCD weights w_bar."""
-        lat, teacher, valid, w, A = self._semantic_inputs(outputs, batch)[:5]
+        # The step's loss re-uses these memoised inputs: build them with autograd on, or the
+        # loss would see graph-less latents and train the decoder only (the metrics run first).
+        with torch.enable_grad():
+            lat, teacher, valid, w, A = self._semantic_inputs(outputs, batch)[:5]
         cos = (self.decode(lat.detach()) * teacher).sum(-1)
         v = (valid & (A.detach() >= 0.5)).float()  # pixels the scene covers
         out = {"sem_cos": (cos * v).sum() / v.sum().clamp_min(1.0)}
