@@ -13,6 +13,7 @@ queries then raise a clear error).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Union
@@ -22,7 +23,7 @@ import torch
 from torch import Tensor
 
 from .cameras import Cameras
-from .errors import ConfigError, InputFileError, Rh3dgsError, ShapeError
+from .errors import ConfigError, InputFileError, MissingWeightsError, ShapeError
 from .field import SemanticField
 from .gaussians import Gaussians
 from .query import CANONICAL_NEGATIVES
@@ -237,7 +238,14 @@ def _scene_file(meta_path: Path, meta: dict, key: str, default: Optional[str] = 
         return None
     if not isinstance(v, str) or not v or "\x00" in v:
         raise InputFileError(meta_path, f"must be a file name (a non-empty string), got {json.dumps(v)[:60]}", field=key)
-    return meta_path.parent / v
+    path = meta_path.parent / v
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # reported by the reader with its own message
+    except (OSError, ValueError) as exc:  # e.g. ENAMETOOLONG
+        raise InputFileError(meta_path, f"names a path that cannot be opened ({exc})"[:200], field=key) from None
+    return path
 
 
 def _read_field_npz(fpath: Path) -> Dict[str, np.ndarray]:
@@ -363,9 +371,9 @@ def load(path, device: Union[str, torch.device] = "cpu") -> Scene:
                              field="teacher")
     try:
         encoder = _text_encoder_from(meta, folder, arrays)
-    except Rh3dgsError:
+    except (InputFileError, MissingWeightsError):  # these name their file already
         raise
-    except (TypeError, ValueError) as exc:
+    except (ConfigError, TypeError, ValueError) as exc:
         raise InputFileError(meta_path, f"cannot build the teacher it names ({type(exc).__name__}: {exc})",
                              field="teacher") from None
     return Scene(g, fld, cams, text_encoder=encoder, path=folder)

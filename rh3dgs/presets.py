@@ -53,6 +53,6 @@ def load_preset(path: Union[str, Path], cls: Type[T]) -> T:
         data = yaml.safe_load(p.read_text())
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read the preset ({exc.strerror or exc})") from None
-    except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as exc:
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:  # ValueError: bad UTF-8, ints over 4300 digits
         raise ConfigError(f"{p}: not valid YAML ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
     return _build(cls, data or {}, p, "")

@@ -100,6 +100,9 @@ def read_poses_bounds(path: PathLike) -> Tuple[np.ndarray, np.ndarray]:
     if not np.isfinite(arr).all():
         row = int(np.nonzero(~np.isfinite(arr).all(1))[0][0])
         raise OVS3DFormatError(p, "contains NaN / Inf", field=f"row {row}")
+    if (np.abs(arr) > 1e30).any():  # finite in float64, but the float32 cameras would overflow
+        row = int(np.nonzero((np.abs(arr) > 1e30).any(1))[0][0])
+        raise OVS3DFormatError(p, "has values beyond 1e30 (float32 cameras would overflow)", field=f"row {row}")
     poses = arr[:, :15].reshape(-1, 3, 5)
     hwf = poses[:, :, 4]
     if (hwf <= 0).any():
