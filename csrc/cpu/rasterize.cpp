@@ -106,7 +106,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
   {
     // Tile-local copies of the Gaussian parameters (structure of arrays).
     TileGaussians tg;  // the tile's Gaussians (structure of arrays)
-    std::vector<float> lz, lf;
+    std::vector<float> lz;
     // Per-row state, one lane per pixel of the tile row (L lanes, lanes >= nx are padding).
     const int64_t L = row_alpha_capacity(tile_size);
     std::vector<float> rT(L), rd1(L), rd2(L), racc(L * C), ralpha(L), rvis(L);  // racc: [L][C]
@@ -121,12 +121,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
       const int64_t K = r.end - r.start;
       tg.gather(packed.data(), fids, r.start, K);
       lz.resize(K);
-      lf.resize(K * C);
-      for (int64_t k = 0; k < K; ++k) {
-        const int64_t g = fids[r.start + k];
-        lz[k] = dep[g];
-        std::copy(feat + g * C, feat + (g + 1) * C, lf.data() + k * C);
-      }
+      for (int64_t k = 0; k < K; ++k) lz[k] = dep[fids[r.start + k]];
       const int64_t y0 = ty * tile_size, x0 = tx * tile_size;
       const int64_t y1 = std::min<int64_t>(y0 + tile_size, height), x1 = std::min<int64_t>(x0 + tile_size, width);
       rows.build(tg, y0, y1, x0, x1);
@@ -144,7 +139,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
         composite_row(tg, rows, py - y0, fy, x0, L, nx, rT.data(), rlimit.data(), ralpha.data(), rvis.data(),
                       [&](int64_t k, auto&& pairs) {
                         const float z = lz[k];
-                        const float* f = lf.data() + k * C;
+                        const float* f = feat + (int64_t)fids[r.start + k] * C;
                         const int32_t id = (int32_t)(r.start + k);
                         pairs([&](int64_t l, float a, float T) {
                           const float w = a * T;
@@ -359,17 +354,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
   float* gfeat = v_features.data_ptr<float>();
   float* gop = v_opacities.data_ptr<float>();
   float* gdep = v_depths.data_ptr<float>();
-  // Deterministic serial reduction of intersection rows into Gaussians.
-  for (int64_t i = 0; i < n_isects; ++i) {
-    const int64_t g = fids[i];
-    const float* row = isect_grad.get() + (size_t)i * S;
-    gxy[2 * g] += row[0]; gxy[2 * g + 1] += row[1];
-    gcon[3 * g] += row[2]; gcon[3 * g + 1] += row[3]; gcon[3 * g + 2] += row[4];
-    gop[g] += row[5];
-    gdep[g] += row[6];
-    float* gf = gfeat + g * C;
-    for (int64_t c = 0; c < C; ++c) gf[c] += row[7 + c];
-  }
+  // Deterministic reduction of intersection rows into Gaussians: each thread owns a range of
+  // Gaussians and adds their rows in intersection order (the same order for any thread count).
+  const int64_t NG = B * N;
+  at::parallel_for(0, NG, 4096, [&](int64_t g0, int64_t g1) {
+    for (int64_t i = 0; i < n_isects; ++i) {
+      const int64_t g = fids[i];
+      if (g < g0 || g >= g1) continue;
+      const float* row = isect_grad.get() + (size_t)i * S;
+      gxy[2 * g] += row[0]; gxy[2 * g + 1] += row[1];
+      gcon[3 * g] += row[2]; gcon[3 * g + 1] += row[3]; gcon[3 * g + 2] += row[4];
+      gop[g] += row[5];
+      gdep[g] += row[6];
+      axpy<CT>(gfeat + g * C, 1.0f, row + 7, C);
+    }
+  });
   return {v_means2d, v_conics, v_features, v_opacities, v_depths};
 }
 
