@@ -59,6 +59,15 @@ def run_isolated(script: str, args: List[str]) -> Dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def entry(measure: Callable[[str], Dict], main: Callable[[], object]) -> None:
+    """A benchmark script's ``__main__``: ``--only PART`` prints ``measure(PART)`` as one JSON line
+    (the child of :func:`run_isolated`); otherwise ``main()``."""
+    if len(sys.argv) == 3 and sys.argv[1] == "--only":
+        print(json.dumps(measure(sys.argv[2])))
+    else:
+        main()
+
+
 def machine() -> Dict[str, str]:
     return {"python": platform.python_version(), "torch": torch.__version__, "threads": str(torch.get_num_threads()),
             "cpu_count": str(os.cpu_count()), "cuda": str(torch.cuda.is_available())}

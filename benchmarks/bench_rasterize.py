@@ -7,14 +7,13 @@ Each backend runs in its own interpreter so that its peak RSS is its own.
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, orbit, peak_rss_mb, random_scene, run_isolated, timeit, write_results  # noqa: E402
+from _common import entry, machine, orbit, peak_rss_mb, random_scene, run_isolated, timeit, write_results  # noqa: E402
 
 N, SIZE, C = 20_000, 256, 16
 
@@ -71,7 +70,4 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--only":
-        print(json.dumps(measure(sys.argv[2])))
-    else:
-        main()
+    entry(measure, main)

@@ -10,14 +10,13 @@ peak RSS is its own.
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, orbit, peak_rss_mb, random_scene, run_isolated, timeit, write_results  # noqa: E402
+from _common import entry, machine, orbit, peak_rss_mb, random_scene, run_isolated, timeit, write_results  # noqa: E402
 
 N, VIEWS, SIZE, D = 200_000, 100, 128, 64
 TARGET_RSS_MB = 6 * 1024
@@ -76,7 +75,4 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--only":
-        print(json.dumps(measure(sys.argv[2])))
-    else:
-        main()
+    entry(measure, main)
