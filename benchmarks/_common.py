@@ -73,9 +73,12 @@ def machine() -> Dict[str, str]:
             "cpu_count": str(os.cpu_count()), "cuda": str(torch.cuda.is_available())}
 
 
-def write_results(name: str, payload: Dict, markdown: str) -> None:
+def write_results(name: str, payload: Dict, markdown: str) -> Dict:
+    """Write results/<name>.json and .md (atomically), print the Markdown; returns ``payload``."""
     from rh3dgs.io.atomic import atomic_save_json, atomic_save_text
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     atomic_save_json(RESULTS / f"{name}.json", payload)
     atomic_save_text(RESULTS / f"{name}.md", markdown)
+    print(markdown)
+    return payload

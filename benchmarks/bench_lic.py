@@ -57,9 +57,7 @@ def main() -> dict:
           f"| | seconds |\n|---|---|\n| training step (baseline) | {base:.4f} |\n| LIC step | {step:.4f} |\n"
           f"| LIC refresh (graph + k-means) | {refresh:.3f} |\n| LIC amortised | {amortised:.4f} |\n\n"
           f"**LIC / training step: {100 * amortised / base:.1f} %** (target < 10 %)\n")
-    write_results("lic", payload, md)
-    print(md)
-    return payload
+    return write_results("lic", payload, md)
 
 
 if __name__ == "__main__":

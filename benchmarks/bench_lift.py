@@ -39,9 +39,7 @@ def main(dims=(64, 512), scenes=("surfaces", "random cube")) -> dict:
     payload["peak_rss_mb"] = peak_rss_mb()
     payload["machine"] = machine()
     md.append(f"\npeak RSS {payload['peak_rss_mb']:.0f} MB\n")
-    write_results("lift", payload, "".join(md))
-    print("".join(md))
-    return payload
+    return write_results("lift", payload, "".join(md))
 
 
 def run_scene(g, cams, dims):

@@ -44,9 +44,7 @@ def main() -> dict:
     md = (f"# relevancy: latent fast path vs decoded slow path\n\n{P} pixels, d={d}, D={D}, {Q} queries + {J} "
           f"negatives.\n\n| path | seconds |\n|---|---|\n| slow (decode to D) | {ts:.3f} |\n| fast (latent) | {tf:.3f} |\n\n"
           f"**speed-up {ts / tf:.1f}x**, max |difference| {err:.1e}\n")
-    write_results("query", payload, md)
-    print(md)
-    return payload
+    return write_results("query", payload, md)
 
 
 if __name__ == "__main__":

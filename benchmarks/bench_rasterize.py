@@ -64,9 +64,7 @@ def main() -> dict:
           f"| native | {native['fwd_bwd_s']:.3f} | {native['peak_rss_mb']:.0f} | {native['rss_over_setup_mb']:.0f} |\n"
           f"| torch reference | {ref['fwd_bwd_s']:.3f} | {ref['peak_rss_mb']:.0f} | {ref['rss_over_setup_mb']:.0f} |\n\n"
           f"**speed ratio (reference / native): {ratio:.1f}x**\n")
-    write_results("rasterize", payload, md)
-    print(md)
-    return payload
+    return write_results("rasterize", payload, md)
 
 
 if __name__ == "__main__":

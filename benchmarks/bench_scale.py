@@ -69,9 +69,7 @@ def main() -> dict:
           f"{lift_['peak_rss_mb']:.0f} | {lift_['rss_over_setup_mb']:.0f} |\n\n"
           f"lift / render: {payload['ratio_lift_to_render']:.2f}x; peak RSS under {TARGET_RSS_MB} MB: "
           f"**{'met' if payload['peak_rss_met'] else 'NOT met'}**\n")
-    write_results("scale", payload, md)
-    print(md)
-    return payload
+    return write_results("scale", payload, md)
 
 
 if __name__ == "__main__":

@@ -134,9 +134,7 @@ def main(repeats: int = 7) -> dict:
           f"({rgb_ms:.0f} ms), ideal **{yes(ideal_ms < TARGET_MS)}** ({ideal_ms:.0f} ms); relevancy overhead <= "
           f"{100 * TARGET_OVERHEAD:.0f} %: wall **{yes(over <= TARGET_OVERHEAD)}** ({100 * over:+.1f} %), CPU time "
           f"**{yes(cpu_over <= TARGET_OVERHEAD)}** ({100 * cpu_over:+.1f} %)\n")
-    write_results("viewer", payload, md)
-    print(md)
-    return payload
+    return write_results("viewer", payload, md)
 
 
 if __name__ == "__main__":

@@ -89,18 +89,16 @@ def frame_rates(dev: torch.device, n: int, width: int, height: int, repeats: int
 
     g = random_scene(n, scale=0.02).to(dev)
     gen = torch.Generator().manual_seed(1)
-    field = SemanticField(torch.randn(n, 16, generator=gen), torch.randn(64, 16, generator=gen))
-    lat = field.latents.to(dev)
+    field = SemanticField(torch.randn(n, 16, generator=gen), torch.randn(64, 16, generator=gen)).to(dev)
     cam = Cameras.look_at(torch.tensor([[3.5, 0.0, 1.0]]), torch.zeros(3), width=width, height=height).to(dev)
     phi = torch.nn.functional.normalize(torch.randn(1, 64, generator=gen), dim=-1).to(dev)
     neg = torch.nn.functional.normalize(torch.randn(4, 64, generator=gen), dim=-1).to(dev)
-    field = field.to(dev)
 
     def rgb():
         render(g, cam)
 
     def semantic():
-        r = render(g, cam, lat)
+        r = render(g, cam, field.latents)
         field.relevancy(r.features[0], phi, neg)
 
     out = {}

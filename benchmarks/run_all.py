@@ -30,7 +30,6 @@ def main() -> int:
         lines.append(f"- {name}: see results/{name.replace('bench_', '')}.md ({time.time() - t:.0f} s)")
     lines.append(f"\ntotal {time.time() - t0:.0f} s\n")
     write_results("summary", {"benches": BENCHES, "seconds": time.time() - t0}, "\n".join(lines))
-    print("\n".join(lines))
     return 0
 
 

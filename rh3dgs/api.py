@@ -151,12 +151,8 @@ class Scene:
         f = self._require_field()
         phi, neg = self.encode(queries), self._negatives(negatives)
         lat, alpha, _ = self.render_latents(camera)
-        rel = self._relevancy(lat, phi, neg)
+        rel = f.relevancy(lat, phi, neg, self.temperature)
         return (rel * (alpha >= min_alpha)[..., None]).permute(2, 0, 1)
-
-    def _relevancy(self, latents: Tensor, phi: Tensor, neg: Tensor) -> Tensor:
-        """[..., d] latents -> [..., Q] relevancy (queries and negatives in one pass)."""
-        return self._require_field().relevancy(latents, phi, neg, self.temperature)
 
     # ---------------------------------------------------------------- 3D
     def relevancy(self, queries: Union[Query, Sequence[Query]], negatives: Optional[Sequence[Query]] = None) -> Tensor:

@@ -38,9 +38,7 @@ def _build(cls: Type[T], data: Any, path: Path, prefix: str) -> T:
         kwargs[key] = float(value) if typ is float else value
     try:
         return cls(**kwargs)
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
-    except (TypeError, ValueError) as exc:
+    except (ConfigError, TypeError, ValueError) as exc:
         raise ConfigError(f"{path}: {exc}") from None
 
 

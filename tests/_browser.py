@@ -1,8 +1,10 @@
 """Shared helpers of the browser tests (headless Debian chromium driven by playwright-core)."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +22,23 @@ def browser_ready():
     if not (BROWSER_DIR / "node_modules" / "playwright-core").exists():
         return None, "playwright-core is not installed (npm ci --prefix tests/browser)"
     return chromium, ""
+
+
+def run_driver(script: str, args, chromium: str, timeout: float) -> dict:
+    """Run ``tests/browser/<script>`` with node; assert it succeeded and return its JSON result line."""
+    drv = subprocess.run(["node", str(BROWSER_DIR / script), *map(str, args)], capture_output=True, text=True,
+                         timeout=timeout, cwd=BROWSER_DIR, env=dict(os.environ, CHROMIUM=chromium))
+    assert drv.returncode == 0, drv.stderr[-3000:] + drv.stdout[-2000:]
+    return json.loads(drv.stdout.strip().splitlines()[-1])
+
+
+def stop_server(proc: subprocess.Popen, timeout: float) -> None:
+    """Terminate a server process, killing it if it does not exit within ``timeout`` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def decode_turbo(img, lut):

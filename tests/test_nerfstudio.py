@@ -417,7 +417,7 @@ def test_ns_train_killed_then_resumed(small_data, tmp_path):
     import random
     import signal
 
-    from rh3dgs.nerfstudio.trainer import checkpoints_newest_first
+    from rh3dgs.nerfstudio.export import checkpoints_newest_first
 
     out = tmp_path / "outputs"
     models = out / "k" / "rh3dgs-lite" / "run" / "nerfstudio_models"

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from _browser import browser_ready, decode_turbo
+from _browser import browser_ready, decode_turbo, run_driver, stop_server
 import torch
 
 pytest.importorskip("nerfstudio")
@@ -30,7 +30,6 @@ from rh3dgs.nerfstudio import METHOD_CONFIGS_ENV  # noqa: E402
 from rh3dgs.viewer import controls as C  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
-BROWSER_DIR = Path(__file__).parent / "browser"
 
 
 def _make_dataset(root: Path, views: int, size: int, density: float) -> Path:
@@ -201,7 +200,7 @@ def test_selection_count_and_tint(pipe, panel):
     out = m.get_outputs_for_camera(_camera(pipe, i))
     pos = _encode(pipe, ["red ball"])
     neg = _encode(pipe, list(C.parse_queries(C.DEFAULT_NEGATIVES)))
-    sel = C.select_gaussians(C.gaussian_relevancy(m.semantic_field(), pos, neg), 0.55)
+    sel = C.select_gaussians(m.semantic_field().gaussian_relevancy(pos, neg), 0.55)
     n = int(sel.sum())
     assert 0 < n < m.num_points
     assert panel.q6_status.content == (f"**Selection**: {n:,} of {m.num_points:,} Gaussians above 0.55 "
@@ -329,17 +328,9 @@ def test_ns_viewer_text_query_in_headless_chromium(tmp_path):
             binds = [ln.split()[3] for ln in listening.splitlines() if ln.split()[3].endswith(f":{port}")]
             assert binds and all(b.startswith("127.0.0.1:") for b in binds), binds
         shots = tmp_path / "shots"
-        drv = subprocess.run(["node", str(BROWSER_DIR / "drive_ns_viewer.js"), f"http://127.0.0.1:{port}", str(shots),
-                              "red ball"], capture_output=True, text=True, timeout=600, cwd=BROWSER_DIR,
-                             env=dict(os.environ, CHROMIUM=chromium))
-        assert drv.returncode == 0, drv.stderr[-3000:] + drv.stdout[-2000:]
-        res = json.loads(drv.stdout.strip().splitlines()[-1])
+        res = run_driver("drive_ns_viewer.js", [f"http://127.0.0.1:{port}", shots, "red ball"], chromium, 600)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc, 15)
         log.close()
     print("drive_ns_viewer:", json.dumps(res))
 

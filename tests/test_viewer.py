@@ -5,7 +5,6 @@ The browser test needs Debian's chromium (`apt-get install -y chromium`) and pla
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _browser import browser_ready, decode_turbo
+from _browser import browser_ready, decode_turbo, run_driver, stop_server
 import torch
 
 import rh3dgs
@@ -31,7 +30,6 @@ from rh3dgs.viewer import controls as C
 from rh3dgs.viewer.camera import cameras_from_viser, image_size, matrix_to_quat, pose_from_cameras, quat_to_matrix
 
 ROOT = Path(__file__).resolve().parent.parent
-BROWSER_DIR = ROOT / "tests" / "browser"
 D, d = 32, 8
 
 
@@ -152,8 +150,8 @@ def test_selection_matches_scene_select(threshold):
     ref = scene.select("red ball", threshold=threshold)
     assert torch.equal(sel.mask, ref)
     assert sel.count == int(ref.sum()) > 0
-    torch.testing.assert_close(C.gaussian_relevancy(scene.field, scene.encode(["red ball"]),
-                                                    scene.encode(list(CANONICAL_NEGATIVES))),
+    torch.testing.assert_close(scene.field.gaussian_relevancy(scene.encode(["red ball"]),
+                                                              scene.encode(list(CANONICAL_NEGATIVES))),
                                scene.relevancy(["red ball"]))
     assert f"{sel.count:,} of {len(scene):,}" in ctl.status_markdown()
     # invalid Gaussians are never selected
@@ -437,17 +435,9 @@ def test_view_in_headless_chromium(tmp_path):
             url = m.group(1) if m else None
         assert url, "viewer did not print its URL:\n" + "".join(lines)
         shots = tmp_path / "shots"
-        drv = subprocess.run(["node", str(BROWSER_DIR / "drive_viewer.js"), url, str(shots), "red ball"],
-                             capture_output=True, text=True, timeout=400, cwd=BROWSER_DIR,
-                             env=dict(os.environ, CHROMIUM=chromium))
-        assert drv.returncode == 0, drv.stderr[-3000:] + drv.stdout[-2000:]
-        res = json.loads(drv.stdout.strip().splitlines()[-1])
+        res = run_driver("drive_viewer.js", [url, shots, "red ball"], chromium, 400)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc, 10)
     assert "query: red ball" in res["frames"]["heat"]
     # camera drag: at least one low-resolution frame while moving, then a full one from a new view
     assert res["moving"] and all("(moving) 256×" in t for t in res["moving"]), res["moving"]

@@ -1,7 +1,7 @@
 // CPU backend of the per-Gaussian spherical aggregation used by the training-free lift.
 //
-// Walks every pixel front to back like rasterize_fwd (Gaussian-major per tile row) and, for each contribution
-// w = alpha_i T_i(u) * pixel_weights(u) of Gaussian i, accumulates one step of the
+// Walks every pixel front to back like rasterize_fwd (the same row traversal, composite_row) and,
+// for each contribution w = alpha_i T_i(u) * pixel_weights(u) of Gaussian i, accumulates one step of the
 // Huber-IRLS Frechet mean (see ext.cpp for the contract). Nothing per (pixel, Gaussian)
 // is stored.
 //
@@ -47,8 +47,9 @@ struct SegmentSums {
 template <int CT, int MODE>
 void aggregate_tiles(int64_t B, int64_t NB, int64_t H, int64_t W, int64_t D_rt, int64_t TH, int64_t TW,
                      int64_t tile_size, int64_t n_isects, const PackedGaussian* pg, const float* pf, const float* pw,
-                     const float* m, const int32_t* offsets, const int32_t* fids, float fdelta, int n_threads, std::vector<std::vector<float>>& th_w,
-                     std::vector<std::vector<float>>& th_raw, std::vector<std::vector<float>>& th_v, int64_t NG) {
+                     const float* m, const int32_t* offsets, const int32_t* fids, float fdelta, int n_threads,
+                     std::vector<std::vector<float>>& th_w, std::vector<std::vector<float>>& th_raw,
+                     std::vector<std::vector<float>>& th_v, int64_t NG) {
   const int64_t D = CT > 0 ? CT : D_rt;
   constexpr int kV = SegmentSums<CT>::kV;
   const int64_t n_work = B * TH * TW;
@@ -70,17 +71,14 @@ void aggregate_tiles(int64_t B, int64_t NB, int64_t H, int64_t W, int64_t D_rt, 
     TileRows rows;
 #pragma omp for schedule(static, 1)
     for (int64_t work = 0; work < n_work; ++work) {
-      const int64_t b = work / (TH * TW), tile = work % (TH * TW);
-      const int64_t ty = tile / TW, tx = tile % TW;
       int64_t start, end;
       tile_bounds(offsets, work, n_work, n_isects, start, end);
       if (end <= start) continue;
+      const auto [b, y0, y1, x0, x1] = tile_rect(work, TH, TW, tile_size, H, W);
       const int64_t K = end - start;
       tg.gather(pg, fids, start, K);
       lg.resize(K);
       for (int64_t k = 0; k < K; ++k) lg[k] = fids[start + k] % NB;  // flatten_ids index b * N + n
-      const int64_t y0 = ty * tile_size, x0 = tx * tile_size;
-      const int64_t y1 = std::min<int64_t>(y0 + tile_size, H), x1 = std::min<int64_t>(x0 + tile_size, W);
       const int64_t nx = x1 - x0;
       rows.build(tg, y0, y1, x0, x1);
       for (int64_t py = y0; py < y1; ++py) {
@@ -178,6 +176,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_cpu(
   const int64_t H = pixel_feats_.size(1), W = pixel_feats_.size(2), D = pixel_feats_.size(3);
   TORCH_CHECK(pixel_weights_.sizes() == at::IntArrayRef({B, H, W}), "pixel_weights must be [B,H,W]");
   TORCH_CHECK(mode == 0 || mode == 1, "mode must be 0 (init) or 1 (IRLS step)");
+  // one bit per pixel of a tile row in lane_mask()
+  TORCH_CHECK(tile_size >= 1 && tile_size <= 64, "tile_size must be in [1, 64], got ", tile_size);
   TORCH_CHECK(num_gaussians == NB, "num_gaussians must equal means2d.size(1)");
   TORCH_CHECK(mu_.dim() == 2 && mu_.size(0) == num_gaussians && mu_.size(1) == D, "mu must be [num_gaussians, D]");
   TORCH_CHECK(isect_offsets_.scalar_type() == at::kInt && flatten_ids_.scalar_type() == at::kInt,
@@ -202,7 +202,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_cpu(
   const int32_t* offsets = isect_offsets.data_ptr<int32_t>();
   const int32_t* fids = flatten_ids.data_ptr<int32_t>();
   const float fdelta = (float)delta;
-  TORCH_CHECK(tile_size >= 1 && tile_size <= 64, "tile_size must be in [1, 64], got ", tile_size);
 
   const int n_threads = std::max(1, at::get_num_threads());
   std::vector<std::vector<float>> th_w(n_threads), th_raw(n_threads), th_v(n_threads);
@@ -216,16 +215,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_cpu(
     if (mode == 0) run(aggregate_tiles<CT, 0>); else run(aggregate_tiles<CT, 1>);
   });
 
+  // Sum the per-thread buffers in thread order (deterministic), in parallel over Gaussians.
   auto fopt = means2d.options();
   auto out_w = at::zeros({NG}, fopt), out_v = at::zeros({NG, D}, fopt), out_raw = at::zeros({NG}, fopt);
   float* ow = out_w.data_ptr<float>();
   float* ov = out_v.data_ptr<float>();
   float* oraw = out_raw.data_ptr<float>();
-  for (int t = 0; t < n_threads; ++t) {  // fixed order: deterministic
-    if (th_w[t].empty()) continue;
-    for (int64_t g = 0; g < NG; ++g) { ow[g] += th_w[t][g]; oraw[g] += th_raw[t][g]; }
-    for (int64_t k = 0; k < NG * D; ++k) ov[k] += th_v[t][k];
-  }
+  at::parallel_for(0, NG, 1024, [&](int64_t g0, int64_t g1) {
+    for (int t = 0; t < n_threads; ++t) {
+      if (th_w[t].empty()) continue;  // a thread OpenMP did not start
+      for (int64_t g = g0; g < g1; ++g) { ow[g] += th_w[t][g]; oraw[g] += th_raw[t][g]; }
+      for (int64_t k = g0 * D; k < g1 * D; ++k) ov[k] += th_v[t][k];
+    }
+  });
   return {out_w, out_v, out_raw};
 }
 

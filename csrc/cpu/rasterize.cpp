@@ -1,10 +1,10 @@
 // CPU backend of the rh3dgs rasterization core: tile-based front-to-back compositing of
 // N-D features with render statistics (A, D1, D2), forward and backward.
 //
-// Parallelism: OpenMP over (camera, tile) with a static schedule. In the backward pass
+// Parallelism: OpenMP over (camera, tile) with a dynamic schedule. In the backward pass
 // every tile owns the rows of its intersections in per-intersection gradient buffers,
-// which are then reduced serially per Gaussian, so results are deterministic and free
-// of atomics for any thread count.
+// which are then summed per Gaussian in intersection order, so results are deterministic
+// and free of atomics for any thread count.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <omp.h>
@@ -26,10 +26,6 @@
 
 namespace rh3dgs {
 namespace {
-
-struct TileRange {
-  int64_t start, end;
-};
 
 void check_inputs(const at::Tensor& means2d, const at::Tensor& conics, const at::Tensor& features,
                   const at::Tensor& opacities, const at::Tensor& depths, const c10::optional<at::Tensor>& backgrounds,
@@ -104,9 +100,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
   const std::vector<PackedGaussian> packed = pack_gaussians(B * N, xy, con, opac);
 #pragma omp parallel num_threads(at::get_num_threads())
   {
-    // Tile-local copies of the Gaussian parameters (structure of arrays).
     TileGaussians tg;  // the tile's Gaussians (structure of arrays)
-    std::vector<float> lz;
+    std::vector<float> lz;  // and their depths
     // Per-row state, one lane per pixel of the tile row (L lanes, lanes >= nx are padding).
     const int64_t L = row_alpha_capacity(tile_size);
     std::vector<float> rT(L), rd1(L), rd2(L), racc(L * C), ralpha(L), rvis(L);  // racc: [L][C]
@@ -114,22 +109,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
     TileRows rows;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t work = 0; work < n_work; ++work) {
-      const int64_t b = work / (TH * TW), tile = work % (TH * TW);
-      const int64_t ty = tile / TW, tx = tile % TW;
-      TileRange r;
-      tile_bounds(offsets, work, n_work, n_isects, r.start, r.end);
-      const int64_t K = r.end - r.start;
-      tg.gather(packed.data(), fids, r.start, K);
+      const auto [b, y0, y1, x0, x1] = tile_rect(work, TH, TW, tile_size, height, width);
+      int64_t start, end;
+      tile_bounds(offsets, work, n_work, n_isects, start, end);
+      const int64_t K = end - start;
+      tg.gather(packed.data(), fids, start, K);
       lz.resize(K);
-      for (int64_t k = 0; k < K; ++k) lz[k] = dep[fids[r.start + k]];
-      const int64_t y0 = ty * tile_size, x0 = tx * tile_size;
-      const int64_t y1 = std::min<int64_t>(y0 + tile_size, height), x1 = std::min<int64_t>(x0 + tile_size, width);
+      for (int64_t k = 0; k < K; ++k) lz[k] = dep[fids[start + k]];
       rows.build(tg, y0, y1, x0, x1);
       const int64_t nx = x1 - x0;
       for (int64_t py = y0; py < y1; ++py) {
-        // Gaussian-major over this row, all pixels of the row at once (branch-free lanes); per
-        // pixel the operations and their order are those of a front-to-back scan. A skipped
-        // pair has alpha 0, which leaves T, the moments and the sums unchanged exactly.
+        // Gaussian-major over this row (composite_row); per pixel the operations and their
+        // order are those of a front-to-back scan.
         const float fy = (float)py + 0.5f;
         for (int64_t l = 0; l < L; ++l) {
           rT[l] = 1.0f; rd1[l] = rd2[l] = 0.0f; rlast[l] = -1;
@@ -139,8 +130,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
         composite_row(tg, rows, py - y0, fy, x0, L, nx, rT.data(), rlimit.data(), ralpha.data(), rvis.data(),
                       [&](int64_t k, auto&& pairs) {
                         const float z = lz[k];
-                        const float* f = feat + (int64_t)fids[r.start + k] * C;
-                        const int32_t id = (int32_t)(r.start + k);
+                        const float* f = feat + (int64_t)fids[start + k] * C;
+                        const int32_t id = (int32_t)(start + k);
                         pairs([&](int64_t l, float a, float T) {
                           const float w = a * T;
                           axpy<CT>(racc.data() + l * C, w, f, C);
@@ -219,16 +210,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
     TileRows rows;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t work = 0; work < n_work; ++work) {
-      const int64_t b = work / (TH * TW), tile = work % (TH * TW);
-      const int64_t ty = tile / TW, tx = tile % TW;
-      TileRange r;
-      tile_bounds(offsets, work, n_work, n_isects, r.start, r.end);
-      if (r.end <= r.start) continue;
-      const int64_t K = r.end - r.start;
-      std::fill(isect_grad.get() + r.start * S, isect_grad.get() + r.end * S, 0.0f);
-      tg.gather(packed.data(), fids, r.start, K);
-      const int64_t y0 = ty * tile_size, x0 = tx * tile_size;
-      const int64_t y1 = std::min<int64_t>(y0 + tile_size, height), x1 = std::min<int64_t>(x0 + tile_size, width);
+      int64_t start, end;
+      tile_bounds(offsets, work, n_work, n_isects, start, end);
+      if (end <= start) continue;
+      const auto [b, y0, y1, x0, x1] = tile_rect(work, TH, TW, tile_size, height, width);
+      const int64_t K = end - start;
+      std::fill(isect_grad.get() + start * S, isect_grad.get() + end * S, 0.0f);
+      tg.gather(packed.data(), fids, start, K);
       rows.build(tg, y0, y1, x0, x1);
       const int64_t nx = x1 - x0;
       for (int64_t py = y0; py < y1; ++py) {
@@ -246,7 +234,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
           if (l >= nx) continue;
           const int64_t pix = pix0 + l;
           const int64_t last = lasts[pix];
-          rlastk[l] = last < r.start ? -1 : (int32_t)(last - r.start);
+          rlastk[l] = last < start ? -1 : (int32_t)(last - start);
           active += rlastk[l] >= 0;
           rTf[l] = 1.0f - A[pix];
           rvd1[l] = vd1[pix]; rvd2[l] = vd2[pix]; rva[l] = va[pix];
@@ -264,8 +252,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
         while (j_first >= 0 && row[j_first] > max_last) --j_first;
         for (int64_t j = j_first; j >= 0; --j) {
           const int64_t k = row[j];
-          if (rows.p_lo[k] > rows.p_hi[k]) continue;
-          const int64_t isect = r.start + k;
+          const int64_t isect = start + k;
           const int64_t g = fids[isect];
           const float a_ = tg.a[k], b_ = tg.b[k], c_ = tg.c[k], o = tg.o[k];
           const float z = dep[g];

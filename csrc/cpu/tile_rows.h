@@ -1,7 +1,8 @@
-// Per-row culling inside a tile (CPU kernels): for every pixel row of a tile, the tile's
-// Gaussians (in depth order) whose alpha can reach 1/255 on that row, plus each one's
-// x-extent. A pair outside the conservative ellipse box has sigma > log(255 o) and would be
-// skipped by gauss_alpha() anyway, so results are bit-identical to scanning every Gaussian.
+// Tiles and per-row culling for the CPU kernels: packed Gaussians, a tile's Gaussians, for every
+// pixel row of a tile the Gaussians (in depth order) whose alpha can reach 1/255 on that row,
+// and the front-to-back traversal of a row. A pair outside the conservative ellipse box has
+// sigma > log(255 o) and would be skipped by the alpha rule anyway, so results are
+// bit-identical to scanning every Gaussian.
 #pragma once
 
 #include <algorithm>
@@ -65,30 +66,39 @@ struct TileGaussians {
   }
 };
 
+// Tile `work` (camera-major flat index) of a [B, TH, TW] grid of tile_size tiles over H x W
+// images: camera b, pixel rows [y0, y1) and columns [x0, x1) (clipped to the image).
+struct TileRect {
+  int64_t b, y0, y1, x0, x1;
+};
+
+inline TileRect tile_rect(int64_t work, int64_t TH, int64_t TW, int64_t tile_size, int64_t H, int64_t W) {
+  const int64_t tile = work % (TH * TW), y0 = (tile / TW) * tile_size, x0 = (tile % TW) * tile_size;
+  return {work / (TH * TW), y0, std::min<int64_t>(y0 + tile_size, H), x0, std::min<int64_t>(x0 + tile_size, W)};
+}
+
 struct TileRows {
-  std::vector<float> xlo, xhi;       // per Gaussian k of the tile
   std::vector<int32_t> row_begin;    // rows + 1 offsets into items
   std::vector<int32_t> items;        // k indices, ascending within each row
   std::vector<int32_t> k_lo, k_hi;   // per Gaussian: first / last covered row (relative), lo > hi = none
-
-  std::vector<int32_t> p_lo, p_hi;   // per Gaussian: pixel columns [p_lo, p_hi] of its x-extent in the tile
   std::vector<int32_t> cur;          // scratch of build()
 
   // The tile's Gaussians t (K of them); rows y0 .. y1-1 and columns x0 .. x1-1 of the image.
+  // A Gaussian is listed on the rows its box covers if its box also covers a pixel centre of
+  // the tile's columns.
   void build(const TileGaussians& t, int64_t y0, int64_t y1, int64_t x0, int64_t x1) {
     const int64_t K = (int64_t)t.x.size(), rows = y1 - y0;
     const float *lx = t.x.data(), *ly = t.y.data(), *lex = t.ex.data(), *ley = t.ey.data();
-    xlo.resize(K); xhi.resize(K); k_lo.resize(K); k_hi.resize(K); p_lo.resize(K); p_hi.resize(K);
+    k_lo.resize(K); k_hi.resize(K);
     row_begin.assign(rows + 1, 0);
     for (int64_t k = 0; k < K; ++k) {
       k_lo[k] = 1; k_hi[k] = 0;
-      p_lo[k] = 1; p_hi[k] = 0;
       const float ex = lex[k], ey = ley[k];
       if (!(ex >= 0.0f)) continue;  // never reaches alpha 1/255
-      xlo[k] = lx[k] - ex; xhi[k] = lx[k] + ex;
-      const double c0 = std::ceil((double)xlo[k] - 0.5), c1 = std::floor((double)xhi[k] - 0.5);
-      p_lo[k] = (int32_t)std::max<int64_t>(x0, (int64_t)std::max(c0, -1e15));
-      p_hi[k] = (int32_t)std::min<int64_t>(x1 - 1, (int64_t)std::min(c1, 1e15));
+      // columns whose centre (px + 0.5) lies in [lx - ex, lx + ex]
+      const double c0 = std::ceil((double)(lx[k] - ex) - 0.5), c1 = std::floor((double)(lx[k] + ex) - 0.5);
+      if (std::max<int64_t>(x0, (int64_t)std::max(c0, -1e15)) > std::min<int64_t>(x1 - 1, (int64_t)std::min(c1, 1e15)))
+        continue;
       // rows whose centre (py + 0.5) lies in [ly - ey, ly + ey]
       const double r0 = std::ceil((double)ly[k] - ey - 0.5), r1 = std::floor((double)ly[k] + ey - 0.5);
       const int64_t a0 = std::max<int64_t>(y0, (int64_t)std::max(r0, -1e15)) - y0;
@@ -120,7 +130,6 @@ inline void composite_row(const TileGaussians& tg, const TileRows& rows, int64_t
   int64_t n_done = 0;
   for (int64_t j = 0; j < n_row && n_done < n_open; ++j) {
     const int64_t k = row[j];
-    if (rows.p_lo[k] > rows.p_hi[k]) continue;  // no pixel centre of the tile in its x-extent
     row_alphas(tg.x[k], tg.y[k], tg.a[k], tg.b[k], tg.c[k], tg.o[k], fy, x0, L, alpha, vis);
     uint64_t mask = lane_mask(alpha, limit, (int32_t)k, L);
     if (mask == 0) continue;

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..io.outputs import prepare_output_dir
+from ..io.outputs import check_output_file, prepare_output_dir
 
 __all__ = ["add_eval_parser", "cmd_eval"]
 
@@ -67,8 +67,8 @@ def cmd_eval(args) -> int:
         if not cfg.scene_seeds or not cfg.teacher_seeds:
             raise ConfigError("rh3dgs eval --suite: need at least one scene seed and one teacher seed")
         out = prepare_output_dir(args.output or "outputs/eval_suite", args.overwrite)
-        if args.markdown and Path(args.markdown).exists() and not args.overwrite:
-            raise ConfigError(f"{args.markdown} already exists: pass --overwrite to replace it")
+        if args.markdown:
+            check_output_file(args.markdown, args.overwrite)
         summary = run_suite(out, cfg, work_dir=args.work, quick=args.quick, markdown_path=args.markdown)
         print((out / "results.md").read_text().split("## Qualitative")[0].rstrip())
         print(f"\nwrote {out / 'results.json'}, {out / 'results.md'}"

@@ -31,6 +31,7 @@ from ..errors import NonFiniteError, ShapeError
 
 __all__ = [
     "atomic_write",
+    "stale_temp_files",
     "atomic_save_bytes",
     "atomic_save_text",
     "atomic_save_json",
@@ -46,6 +47,12 @@ _BINARY_MODES = {"wb"}
 
 def _tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+
+
+def stale_temp_files(folder: PathLike, name_glob: str = "*") -> Iterator[Path]:
+    """Temp files that :func:`atomic_write` left in ``folder`` for names matching ``name_glob`` (a
+    process killed between creating and renaming one). Only safe to delete when no write runs."""
+    return Path(folder).glob(f".{name_glob}.*.tmp")
 
 
 def _open_exclusive(path: Path) -> "tuple[Path, int]":

@@ -23,7 +23,7 @@ import math
 import os
 import pickle
 from pathlib import Path
-from typing import Any, Dict, Literal, Optional, Tuple, Union
+from typing import Any, Dict, List, Literal, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +34,7 @@ from ..errors import Rh3dgsError
 from ..gaussians import Gaussians
 
 __all__ = ["load_nerfstudio_scene", "export_semantic_ply", "load_run_config", "find_checkpoint",
-           "load_checkpoint", "rotate_sh"]
+           "checkpoints_newest_first", "load_checkpoint", "rotate_sh"]
 
 PathLike = Union[str, os.PathLike]
 C0 = 0.28209479177387814
@@ -57,17 +57,28 @@ def load_run_config(config_yml: PathLike):
         raise NerfstudioRunError(f"{path}: cannot read the nerfstudio config ({type(e).__name__}: {e})") from None
 
 
+def checkpoints_newest_first(folder: Path) -> List[Tuple[int, Path]]:
+    """``(step, path)`` of the ``step-<int>.ckpt`` files in ``folder``, newest step first (other names ignored)."""
+    out = []
+    for p in Path(folder).glob("step-*.ckpt"):
+        try:
+            out.append((int(p.stem.split("-", 1)[1]), p))
+        except ValueError:
+            continue
+    return sorted(out, reverse=True)
+
+
 def find_checkpoint(config_yml: PathLike, config=None, step: Optional[int] = None) -> Path:
     """``<run>/<relative_model_dir>/step-XXXXXXXXX.ckpt`` (latest, or ``step``); the run folder is
     the config's folder, so runs can be moved and loaded from any working directory."""
     config = config if config is not None else load_run_config(config_yml)
     rel = Path(getattr(config, "relative_model_dir", "nerfstudio_models"))
     folder = Path(config_yml).parent / rel
-    ckpts = sorted(folder.glob("step-*.ckpt")) if folder.is_dir() else []
+    ckpts = checkpoints_newest_first(folder) if folder.is_dir() else []
     if not ckpts:
         raise NerfstudioRunError(f"{folder}: no step-*.ckpt checkpoint in the run folder")
     if step is None:
-        return max(ckpts, key=lambda p: int(p.stem.split("-")[1]))
+        return ckpts[0][1]
     p = folder / f"step-{int(step):09d}.ckpt"
     if not p.is_file():
         raise NerfstudioRunError(f"{p}: checkpoint for step {step} not found")

@@ -19,31 +19,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional, Tuple, Type
+from typing import Optional, Type
 
 import torch
 from nerfstudio.engine.trainer import Trainer, TrainerConfig
 from nerfstudio.utils.rich_utils import CONSOLE
 
 from ..errors import Rh3dgsError
-from ..io.atomic import atomic_write
+from ..io.atomic import atomic_write, stale_temp_files
+from .export import checkpoints_newest_first
 
-__all__ = ["Rh3dgsTrainer", "Rh3dgsTrainerConfig", "CheckpointError", "checkpoints_newest_first"]
+__all__ = ["Rh3dgsTrainer", "Rh3dgsTrainerConfig", "CheckpointError"]
 
 
 class CheckpointError(Rh3dgsError):
     """No usable checkpoint where a resume was asked for."""
-
-
-def checkpoints_newest_first(folder: Path) -> List[Tuple[int, Path]]:
-    """``(step, path)`` of the ``step-<int>.ckpt`` files in ``folder``, newest step first (other names ignored)."""
-    out = []
-    for p in folder.glob("step-*.ckpt"):
-        try:
-            out.append((int(p.stem.split("-", 1)[1]), p))
-        except ValueError:
-            continue
-    return sorted(out, reverse=True)
 
 
 class Rh3dgsTrainer(Trainer):
@@ -68,8 +58,7 @@ class Rh3dgsTrainer(Trainer):
             for _, old in checkpoints_newest_first(self.checkpoint_dir):
                 if old != ckpt_path:
                     old.unlink(missing_ok=True)
-        # temp files of saves that a kill interrupted (atomic_write's hidden siblings)
-        for stale in self.checkpoint_dir.glob(".step-*.ckpt.*.tmp"):
+        for stale in stale_temp_files(self.checkpoint_dir, "step-*.ckpt"):  # saves a kill interrupted
             stale.unlink(missing_ok=True)
 
     def _load_checkpoint(self) -> None:

@@ -16,9 +16,9 @@ panel's elements appear in the *Control* tab under ``Custom Elements / model / t
 While the model is not training and a positive query is set, :meth:`TextQueryPanel.outputs` adds to the
 model's outputs (so nerfstudio's *Output type* dropdown lists them):
 
-* ``relevancy_<i>`` [H, W, 1] in [0, 1] for positive query ``i`` (``Rh3dgsModel.relevancy_outputs``, zero
-  where the accumulated opacity is below :data:`rh3dgs.viewer.controls.MIN_ALPHA`: the numbers of
-  :func:`rh3dgs.viewer.controls.relevancy_maps` / ``Scene.render_relevancy``); nerfstudio's default colormap
+* ``relevancy_<i>`` [H, W, 1] in [0, 1] for positive query ``i`` (:func:`rh3dgs.viewer.controls.relevancy_maps`,
+  zero where the accumulated opacity is below :data:`rh3dgs.viewer.controls.MIN_ALPHA`: the numbers of
+  ``Scene.render_relevancy``); nerfstudio's default colormap
   for one float channel is turbo on the absolute [0, 1] scale;
 * ``composited`` [H, W, 3]: :func:`rh3dgs.viewer.controls.compose_output` (RGB with the turbo heat map blended
   in above the threshold, :mod:`rh3dgs.viz`), with the 3D selection (Gaussians whose per-Gaussian relevancy
@@ -56,7 +56,6 @@ from nerfstudio.viewer.viewer_elements import (
 from ..errors import ConfigError, Rh3dgsError
 from ..viewer.controls import (
     DEFAULT_NEGATIVES,
-    MIN_ALPHA,
     OUTPUT_OVERLAY,
     SHOW_ALL,
     ControlState,
@@ -64,6 +63,7 @@ from ..viewer.controls import (
     compose_output,
     heat_map,
     parse_queries,
+    relevancy_maps,
 )
 
 __all__ = ["ViewerMarkdown", "TextQueryPanel", "tint", "SELECTION_TINT", "SELECTION_TINT_STRENGTH", "COMPOSITED"]
@@ -126,7 +126,7 @@ class TextQueryPanel(torch.nn.Module):
     No parameters or buffers (the model's state dict is unchanged). Holds a weak reference to the model.
 
     Args:
-        model: the owning model (``decode`` / ``semantic_field`` / ``relevancy_outputs``).
+        model: the owning model (``decoder`` / ``latents`` / ``semantic_field``).
         temperature: relevancy temperature (as :class:`rh3dgs.api.Scene`).
     """
 
@@ -288,9 +288,8 @@ class TextQueryPanel(torch.nn.Module):
         st = ctl.state
         pos, neg = enc
         alpha = out["accumulation"][..., 0]
-        keep = (alpha >= MIN_ALPHA)[..., None]
-        rel = {k: v * keep for k, v in self.owner().relevancy_outputs(out, pos, neg, self.temperature).items()}
-        stack = torch.cat([rel[f"relevancy_{i}"] for i in range(len(rel))], -1).permute(2, 0, 1)  # [Q, H, W]
+        stack = relevancy_maps(ctl.field, out["latents"], alpha, pos, neg, self.temperature)  # [Q, H, W]
+        rel = {f"relevancy_{i}": stack[i][..., None] for i in range(stack.shape[0])}
         heat = heat_map(stack, st.shown_index)
         img = compose_output(OUTPUT_OVERLAY, out["rgb"], heat, alpha, st.threshold)
         comp = torch.from_numpy(img).to(out["rgb"].device).float() / 255.0

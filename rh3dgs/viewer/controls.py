@@ -6,8 +6,9 @@ take whichever it needs:
 1. **Pure functions** (no viser, no :class:`~rh3dgs.api.Scene`): :func:`parse_queries`,
    :func:`relevancy_maps` (latent map -> [Q, H, W], the same numbers as
    ``Scene.render_relevancy``), :func:`heat_map`, :func:`compose_output` (RGB / turbo heat map /
-   overlay, via :mod:`rh3dgs.viz`), :func:`gaussian_relevancy` and :func:`select_gaussians`
-   (the same numbers as ``Scene.relevancy`` / ``Scene.select``), :func:`export_selection`.
+   overlay, via :mod:`rh3dgs.viz`), :func:`select_gaussians` (on
+   ``SemanticField.gaussian_relevancy``: the same numbers as ``Scene.relevancy`` / ``Scene.select``),
+   :func:`export_selection`.
 2. :class:`QueryControls`: the user's choices (:class:`ControlState`) plus cached query
    encodings, per-Gaussian relevancy and the current selection for one semantic field.
    Thread-safe; no viser. ``frame(rgb, latent_map, alpha)`` turns a render into the image to show.
@@ -35,7 +36,7 @@ from ..viz import overlay_heatmap, turbo
 
 __all__ = [
     "OUTPUT_RGB", "OUTPUT_HEAT", "OUTPUT_OVERLAY", "OUTPUTS", "SHOW_ALL", "DEFAULT_NEGATIVES",
-    "parse_queries", "format_queries", "relevancy_maps", "heat_map", "turbo_fast", "compose_output", "gaussian_relevancy",
+    "parse_queries", "format_queries", "relevancy_maps", "heat_map", "turbo_fast", "compose_output",
     "select_gaussians", "selection_name", "export_selection", "ControlState", "Selection", "QueryControls",
     "ViserControlPanel",
 ]
@@ -135,12 +136,6 @@ def compose_output(output: str, rgb: Tensor, heat: Optional[Tensor] = None, alph
         img[sel.numpy()] = blend
         return img
     return _to_uint8(out)
-
-
-def gaussian_relevancy(field_: SemanticField, positives: Tensor, negatives: Tensor,
-                       temperature: float = 10.0) -> Tensor:
-    """Per-Gaussian relevancy [Q, N] (0 where ``field_.valid`` is False). Equals ``Scene.relevancy``."""
-    return field_.gaussian_relevancy(positives, negatives, temperature)
 
 
 def select_gaussians(relevancy: Tensor, threshold: float, index: Optional[int] = None) -> Tensor:
@@ -345,7 +340,7 @@ class QueryControls:
         key = (st.positives, st.negatives)
         with self._lock:
             if self._rel_cache is None or self._rel_cache[0] != key:
-                self._rel_cache = (key, gaussian_relevancy(self.field, enc[0], enc[1], self.temperature))
+                self._rel_cache = (key, self.field.gaussian_relevancy(enc[0], enc[1], self.temperature))
             return self._rel_cache[1]
 
     def selection(self, state: Optional[ControlState] = None) -> Optional[Selection]:

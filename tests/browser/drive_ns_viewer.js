@@ -13,31 +13,14 @@
 // Exit code 1 with a message on any failure (timeouts included).
 'use strict';
 const path = require('path');
-const fs = require('fs');
-const { chromium } = require('playwright-core');
+const { inputFor, panelBox, drive } = require('./common');
 
 const [url, outdir, query] = process.argv.slice(2);
-const EXE = process.env.CHROMIUM || '/usr/bin/chromium';
 const TIMEOUT = Number(process.env.VIEWER_TIMEOUT_MS || 120000);
 
-// viser 0.2.7's inputs carry a label whose `for` does not match the input id (see drive_viewer.js).
-function inputFor(page, label) {
-  return page.locator(`xpath=//label[normalize-space(.)='${label}']/ancestor::div[contains(@class,'mantine-Flex-root')][1]//input`).first();
-}
-
-// The floating GUI panel's box (highest ancestor of `el` narrower than the window) and the canvas left of it.
+// The floating GUI panel's box and the canvas beside it.
 async function canvasBox(page, label) {
-  const panel = await page.locator(`xpath=//label[normalize-space(.)='${label}']`).first().evaluate((el) => {
-    let e = el;
-    let best = e.getBoundingClientRect();
-    while (e.parentElement && e.parentElement !== document.body) {
-      e = e.parentElement;
-      const r = e.getBoundingClientRect();
-      if (r.width >= window.innerWidth * 0.9) break;
-      best = r;
-    }
-    return { x: best.x, y: best.y, width: best.width, height: best.height };
-  });
+  const panel = await panelBox(page.locator(`xpath=//label[normalize-space(.)='${label}']`));
   const vp = page.viewportSize();
   const right = panel.x > vp.width / 2 ? Math.floor(panel.x) - 2 : vp.width;
   const left = panel.x > vp.width / 2 ? 0 : Math.ceil(panel.x + panel.width) + 2;
@@ -76,58 +59,40 @@ async function chooseOutput(page, name) {
   await page.getByRole('option', { name, exact: true }).click();
 }
 
-(async () => {
-  fs.mkdirSync(outdir, { recursive: true });
-  const userDataDir = fs.mkdtempSync(path.join(outdir, 'chromium-profile-'));
-  const context = await chromium.launchPersistentContext(userDataDir, {
-    executablePath: EXE,
-    headless: true,
-    viewport: { width: 1200, height: 700 },
-    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-      '--disable-background-networking', '--disable-component-update', '--disable-sync',
-      '--enable-unsafe-swiftshader', '--use-angle=swiftshader'],
-  });
+drive('drive_ns_viewer', url, outdir, TIMEOUT, async (page) => {
   const result = {};
-  try {
-    const page = context.pages()[0] || await context.newPage();
-    page.setDefaultTimeout(TIMEOUT);
-    await page.goto(url);
-    await inputFor(page, 'Positives').waitFor();
-    const hide = page.getByRole('button', { name: 'Hide Train Cams' });
-    if (await hide.count()) await hide.first().click();
-    const box = await canvasBox(page, 'Positives');
-    result.canvas = box.canvas;
-    result.panel = box.panel;
-    const clip = box.canvas;
+  await inputFor(page, 'Positives').waitFor();
+  const hide = page.getByRole('button', { name: 'Hide Train Cams' });
+  if (await hide.count()) await hide.first().click();
+  const box = await canvasBox(page, 'Positives');
+  result.canvas = box.canvas;
+  result.panel = box.panel;
+  const clip = box.canvas;
 
-    let shot = await waitStill(page, clip, null);
-    result.options_before = await outputOptions(page);
-    shot = await waitStill(page, clip, null);
-    await page.screenshot({ path: path.join(outdir, 'rgb.png') });
+  let shot = await waitStill(page, clip, null);
+  result.options_before = await outputOptions(page);
+  shot = await waitStill(page, clip, null);
+  await page.screenshot({ path: path.join(outdir, 'rgb.png') });
 
-    await inputFor(page, 'Positives').fill(query);
-    const status = page.getByText(new RegExp(`Selection.*for '${query}'|Query error`)).first();
-    await status.waitFor();
-    result.status = await status.innerText();
-    const t0 = Date.now();
-    for (;;) {
-      result.options = await outputOptions(page);
-      if (result.options.includes('relevancy_0')) break;
-      if (Date.now() - t0 > TIMEOUT) throw new Error(`relevancy_0 never appeared in Output type: ${result.options}`);
-      await page.waitForTimeout(500);
-    }
-
-    await chooseOutput(page, 'relevancy_0');
-    shot = await waitStill(page, clip, shot);
-    await page.screenshot({ path: path.join(outdir, 'relevancy.png') });
-
-    await chooseOutput(page, 'composited');
-    shot = await waitStill(page, clip, shot);
-    await page.screenshot({ path: path.join(outdir, 'composited.png') });
-    result.viewport = page.viewportSize();
-    console.log(JSON.stringify(result));
-  } finally {
-    await context.close();
-    fs.rmSync(userDataDir, { recursive: true, force: true });
+  await inputFor(page, 'Positives').fill(query);
+  const status = page.getByText(new RegExp(`Selection.*for '${query}'|Query error`)).first();
+  await status.waitFor();
+  result.status = await status.innerText();
+  const t0 = Date.now();
+  for (;;) {
+    result.options = await outputOptions(page);
+    if (result.options.includes('relevancy_0')) break;
+    if (Date.now() - t0 > TIMEOUT) throw new Error(`relevancy_0 never appeared in Output type: ${result.options}`);
+    await page.waitForTimeout(500);
   }
-})().catch((e) => { console.error(`drive_ns_viewer: ${e && e.stack || e}`); process.exit(1); });
+
+  await chooseOutput(page, 'relevancy_0');
+  shot = await waitStill(page, clip, shot);
+  await page.screenshot({ path: path.join(outdir, 'relevancy.png') });
+
+  await chooseOutput(page, 'composited');
+  shot = await waitStill(page, clip, shot);
+  await page.screenshot({ path: path.join(outdir, 'composited.png') });
+  result.viewport = page.viewportSize();
+  console.log(JSON.stringify(result));
+});

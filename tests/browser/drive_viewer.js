@@ -13,22 +13,14 @@
 // Exit code 1 with a message on any failure (timeouts included).
 'use strict';
 const path = require('path');
-const fs = require('fs');
-const { chromium } = require('playwright-core');
+const { inputFor, panelBox, drive } = require('./common');
 
 const [url, outdir, query, heatLabel = 'Relevancy (turbo)'] = process.argv.slice(2);
-const EXE = process.env.CHROMIUM || '/usr/bin/chromium';
 const TIMEOUT = Number(process.env.VIEWER_TIMEOUT_MS || 90000);
 
 function frameInfo(text) {
   const m = /Frame\s+(\d+)\s+\((full|moving)\)/.exec(text || '');
   return m ? { n: Number(m[1]), full: m[2] === 'full', text } : null;
-}
-
-// viser 0.2.7's text inputs carry a label whose `for` does not match the input id, so find the
-// input in the label's row instead of getByLabel.
-function inputFor(page, label) {
-  return page.locator(`xpath=//label[normalize-space(.)='${label}']/ancestor::div[contains(@class,'mantine-Flex-root')][1]//input`).first();
 }
 
 async function infoText(page) {
@@ -52,82 +44,50 @@ async function waitFullFrame(page, after, pred = () => true, moving = null) {
   }
 }
 
-(async () => {
-  fs.mkdirSync(outdir, { recursive: true });
-  const userDataDir = fs.mkdtempSync(path.join(outdir, 'chromium-profile-'));
-  const context = await chromium.launchPersistentContext(userDataDir, {
-    executablePath: EXE,
-    headless: true,
-    viewport: { width: 1200, height: 700 },
-    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-      '--disable-background-networking', '--disable-component-update', '--disable-sync',
-      // WebGL (three.js canvas) through SwiftShader: recent chromium needs this opt-in without a GPU
-      '--enable-unsafe-swiftshader', '--use-angle=swiftshader'],
-  });
+drive('drive_viewer', url, outdir, TIMEOUT, async (page) => {
   const result = { frames: {} };
-  try {
-    const page = context.pages()[0] || await context.newPage();
-    page.setDefaultTimeout(TIMEOUT);
-    await page.goto(url);
+  let f = await waitFullFrame(page, 0);
+  await page.screenshot({ path: path.join(outdir, 'rgb.png') });
+  result.frames.rgb = f.text;
 
-    let f = await waitFullFrame(page, 0);
-    await page.screenshot({ path: path.join(outdir, 'rgb.png') });
-    result.frames.rgb = f.text;
+  await inputFor(page, 'Positives').fill(query);
+  f = await waitFullFrame(page, f.n, (t) => t.includes(`query: ${query}`));
+  await page.screenshot({ path: path.join(outdir, 'overlay.png') });
+  result.frames.overlay = f.text;
 
-    await inputFor(page, 'Positives').fill(query);
-    f = await waitFullFrame(page, f.n, (t) => t.includes(`query: ${query}`));
-    await page.screenshot({ path: path.join(outdir, 'overlay.png') });
-    result.frames.overlay = f.text;
+  // the heat map without the selection's points on top (they are coloured by per-Gaussian relevancy)
+  await inputFor(page, 'Show selection').click({ force: true });
+  f = await waitFullFrame(page, f.n, (t) => t.includes(`query: ${query}`));
 
-    // the heat map without the selection's points on top (they are coloured by per-Gaussian relevancy)
-    await inputFor(page, 'Show selection').click({ force: true });
-    f = await waitFullFrame(page, f.n, (t) => t.includes(`query: ${query}`));
+  await inputFor(page, 'Output').click();
+  await page.getByRole('option', { name: heatLabel, exact: true }).click();
+  f = await waitFullFrame(page, f.n, (t) => t.includes(`query: ${query}`));
+  await page.screenshot({ path: path.join(outdir, 'heat.png') });
+  result.frames.heat = f.text;
 
-    await inputFor(page, 'Output').click();
-    await page.getByRole('option', { name: heatLabel, exact: true }).click();
-    f = await waitFullFrame(page, f.n, (t) => t.includes(`query: ${query}`));
-    await page.screenshot({ path: path.join(outdir, 'heat.png') });
-    result.frames.heat = f.text;
+  await page.getByRole('button', { name: 'Export selection' }).click();
+  const exported = page.getByText(/Exported|Export failed/).first();
+  await exported.waitFor();
+  result.export = await exported.innerText();
+  result.status = await page.getByText(/Selection/).first().innerText();
 
-    await page.getByRole('button', { name: 'Export selection' }).click();
-    const exported = page.getByText(/Exported|Export failed/).first();
-    await exported.waitFor();
-    result.export = await exported.innerText();
-    result.status = await page.getByText(/Selection/).first().innerText();
-
-    // orbit the camera by dragging on the canvas: low-resolution frames while it moves, full once still
-    const before = frameInfo(await infoText(page)).n;
-    result.moving = [];
-    await page.mouse.move(250, 400);
-    await page.mouse.down();
-    for (let i = 1; i <= 20; i++) {
-      await page.mouse.move(250 + 12 * i, 400, { steps: 2 });
-      await page.waitForTimeout(60);
-      const fi = frameInfo(await infoText(page));
-      if (fi && fi.n > before && !fi.full && !result.moving.includes(fi.text)) result.moving.push(fi.text);
-    }
-    await page.mouse.up();
-    f = await waitFullFrame(page, before, () => true, result.moving);
-    await page.screenshot({ path: path.join(outdir, 'moved.png') });
-    result.frames.moved = f.text;
-
-    const panel = await page.getByText('Text query', { exact: true }).first().evaluate((el) => {
-      let e = el;
-      // the floating panel: the highest ancestor narrower than the window
-      let best = e.getBoundingClientRect();
-      while (e.parentElement && e.parentElement !== document.body) {
-        e = e.parentElement;
-        const r = e.getBoundingClientRect();
-        if (r.width >= window.innerWidth * 0.9) break;
-        best = r;
-      }
-      return { x: best.x, y: best.y, width: best.width, height: best.height };
-    });
-    result.panel = panel;
-    result.viewport = page.viewportSize();
-    console.log(JSON.stringify(result));
-  } finally {
-    await context.close();
-    fs.rmSync(userDataDir, { recursive: true, force: true });
+  // orbit the camera by dragging on the canvas: low-resolution frames while it moves, full once still
+  const before = frameInfo(await infoText(page)).n;
+  result.moving = [];
+  await page.mouse.move(250, 400);
+  await page.mouse.down();
+  for (let i = 1; i <= 20; i++) {
+    await page.mouse.move(250 + 12 * i, 400, { steps: 2 });
+    await page.waitForTimeout(60);
+    const fi = frameInfo(await infoText(page));
+    if (fi && fi.n > before && !fi.full && !result.moving.includes(fi.text)) result.moving.push(fi.text);
   }
-})().catch((e) => { console.error(`drive_viewer: ${e && e.stack || e}`); process.exit(1); });
+  await page.mouse.up();
+  f = await waitFullFrame(page, before, () => true, result.moving);
+  await page.screenshot({ path: path.join(outdir, 'moved.png') });
+  result.frames.moved = f.text;
+
+  result.panel = await panelBox(page.getByText('Text query', { exact: true }));
+  result.viewport = page.viewportSize();
+  console.log(JSON.stringify(result));
+});
