@@ -2,7 +2,7 @@
 
 A *semantic scene folder* (written by :func:`save_scene`, ``rh3dgs lift`` and the demo)::
 
-    semantic.ply      3DGS PLY (INRIA layout) with the latents as sem_0..sem_{d-1}
+    semantic.ply      3DGS PLY (INRIA layout) with the latents as sem_0..sem_{d-1} (float16, see rh3dgs.io.ply)
     field.npz         decoder [D, d] (+ optional text embeddings, names -> [D])
     rh3dgs.json       metadata: teacher spec (how to encode text), cameras file, lift info
     transforms.json   (optional) cameras
@@ -164,21 +164,29 @@ class Scene:
         """bool [N]: Gaussians whose relevancy for ``query`` is above ``threshold``."""
         return self.relevancy([query], negatives)[0] > threshold
 
-    def export_ply(self, path, mask: Optional[Tensor] = None) -> Path:
-        """Write the (selected) Gaussians as a standard 3DGS PLY (with sem_* latents if present)."""
+    def export_ply(self, path, mask: Optional[Tensor] = None, latent_dtype: str = "float16") -> Path:
+        """Write the (selected) Gaussians as a standard 3DGS PLY (with sem_* latents if present).
+
+        Latents are stored as float16 by default (``latent_dtype``; see :mod:`rh3dgs.io.ply`).
+        """
         from .io.ply import save_ply
 
         g = self.gaussians
         if self.field is not None:
             g = Gaussians(g.means, g.scales, g.quats, g.opacities, g.sh0, g.shN, self.field.latents, dict(g.extra))
-        return save_ply(path, g, mask=mask)
+        return save_ply(path, g, mask=mask, latent_dtype=latent_dtype)
 
 
 # ------------------------------------------------------------------------- persistence
 def save_scene(folder, gaussians: Gaussians, field: Optional[SemanticField] = None, cameras: Optional[Cameras] = None,
                image_paths: Optional[Sequence] = None, teacher: Optional[dict] = None,
-               text_embeddings: Optional[Dict[str, Tensor]] = None, info: Optional[dict] = None) -> Path:
-    """Write a semantic scene folder (see the module docstring); every file atomically."""
+               text_embeddings: Optional[Dict[str, Tensor]] = None, info: Optional[dict] = None,
+               latent_dtype: str = "float16") -> Path:
+    """Write a semantic scene folder (see the module docstring); every file atomically.
+
+    The latents go to semantic.ply as float16 by default (``latent_dtype``, see :mod:`rh3dgs.io.ply`);
+    a scene loaded back therefore holds the float16-rounded latents (relative error <= 2^-11).
+    """
     from .io.atomic import atomic_save_json, atomic_save_npz
     from .io.ply import save_ply
     from .io.transforms import save_transforms
@@ -199,7 +207,7 @@ def save_scene(folder, gaussians: Gaussians, field: Optional[SemanticField] = No
             arrays["text_names"] = np.array(names)
             arrays["text_vectors"] = torch.stack([torch.as_tensor(text_embeddings[k]).float() for k in names]).numpy()
         atomic_save_npz(out / "field.npz", arrays)
-    save_ply(out / "semantic.ply", g)
+    save_ply(out / "semantic.ply", g, latent_dtype=latent_dtype)
     meta = {"format": "rh3dgs-scene", "version": 1, "ply": "semantic.ply", "field": "field.npz" if field else None,
             "teacher": teacher or None, "info": info or {}}
     if cameras is not None:

@@ -3,7 +3,8 @@
     rh3dgs demo   [--output DIR]            synthetic scene -> renders (+ lift and queries)
     rh3dgs synth  --output DIR [--seed S]   write a labelled synthetic nerfstudio dataset
     rh3dgs render SCENE.ply --transforms T  render a PLY from the cameras of a transforms.json
-    rh3dgs extract --data DIR --teacher T   teacher features for the dataset's images (cached)
+    rh3dgs extract --data DIR --teacher T   teacher features for the dataset's images (cached;
+                                            data-parallel: torchrun --nproc_per_node=K -m rh3dgs.cli extract ...)
     rh3dgs lift SCENE.ply --data DIR        training-free lift -> semantic scene folder
     rh3dgs query SCENE "red mug;chair"      relevancy PNGs over the cameras, 3D selections
     rh3dgs select / export                  selections and whole scenes as 3DGS PLY
@@ -136,6 +137,9 @@ def _teacher_maps(args, data: Path, image_paths):
 
 
 def cmd_extract(args) -> int:
+    """Single process, or data-parallel under ``torchrun --nproc_per_node=K -m rh3dgs.cli extract ...``
+    (each rank extracts a disjoint shard of the missing entries; rank 0 writes the manifest and prints)."""
+    from .distributed import process_group_from_env
     from .io.transforms import load_transforms
 
     data = Path(args.data)
@@ -145,11 +149,21 @@ def cmd_extract(args) -> int:
         return 0
     from .teachers import extract_features, teacher_from_spec
 
-    teacher = teacher_from_spec(_teacher_spec(args, data))
-    stats: dict = {}
-    paths = extract_features(teacher, images, args.cache or data / ".rh3dgs_cache", stats=stats)
-    print(f"{len(paths)} feature maps ({stats.get('computed', 0)} computed, {stats.get('reused', 0)} reused) "
-          f"in {Path(paths[0]).parent if paths else args.cache}")
+    with process_group_from_env() as dist:
+        spec = _teacher_spec(args, data)
+        if dist is not None and dist.device.type == "cuda" and args.teacher == "clip":
+            spec["device"] = str(dist.device)  # each rank on its LOCAL_RANK GPU
+        teacher = teacher_from_spec(spec)
+        stats: dict = {}
+        paths = extract_features(teacher, images, args.cache or data / ".rh3dgs_cache", stats=stats,
+                                 distributed=dist is not None)
+        if dist is None or dist.is_main:
+            where = Path(paths[0]).parent if paths else args.cache
+            by_rank = stats.get("computed_by_rank")
+            over = (f" over {len(by_rank)} processes ({' + '.join(map(str, by_rank))} computed)"
+                    if by_rank else "")
+            print(f"{len(paths)} feature maps ({stats.get('computed', 0)} computed, {stats.get('reused', 0)} reused)"
+                  f"{over} in {where}")
     return 0
 
 
@@ -275,7 +289,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--output", required=True)
     r.set_defaults(func=cmd_render)
 
-    e = sub.add_parser("extract", help="teacher features for a dataset's images (cached, incremental)")
+    e = sub.add_parser("extract", help="teacher features for a dataset's images (cached, incremental)",
+                       description="Teacher features for a dataset's images (cached, incremental). Data-parallel "
+                                   "over K processes (GPUs, or CPU with gloo): torchrun --nproc_per_node=K "
+                                   "-m rh3dgs.cli extract --data DIR --teacher T ...")
     e.add_argument("--data", required=True, help="dataset folder with transforms.json")
     _teacher_args(e)
     e.set_defaults(func=cmd_extract)

@@ -9,7 +9,23 @@ computed by Huber-IRLS on the sphere: start from the normalised weighted Euclide
 then each pass over the views accumulates (native op ``aggregate_sphere``, nothing per
 pair stored) sum omega and sum omega Log_mu(z) and steps mu <- Exp_mu(sum omega Log / sum omega).
 Teacher maps are requested one view chunk at a time (a callable can stream them from
-the cache), so memory is O(N D + views_per_batch H W D).
+the cache), so memory is O(N D + views_per_batch H W D); nothing is O(N x views).
+
+Caching across passes (the IRLS passes see the same projections, pixel weights and maps):
+  * full: every view's projection, weights and maps (``cache_projections``; by default when
+    that fits in ~2 GB, i.e. small scenes);
+  * compact (``compact_cache``; by default when the full cache does not fit and there are
+    IRLS passes): per view only the Gaussians that can matter - those that composite onto a
+    pixel of weight > 0 (contributors), plus those that *end* such a pixel (alpha >= 1/255 where
+    the transmittance would fall to 1e-4; found by a second pass with the contributors'
+    opacity set to 0, where they are the first to composite there). Every other Gaussian of
+    the view is skipped by the alpha rule, hidden behind a pixel that already ended, or only
+    on weight-0 pixels, so the aggregation over the compact set is exactly the same per view
+    (bit-identical sums per view; only the order of the sum over views differs from the
+    full path). At 1M random Gaussians x 64x64 views a view keeps ~10 % of them, so an IRLS
+    pass costs ~1/7 of the first one (which projects every Gaussian in every view).
+    Views that do not fit the budget (~2 GB) are recomputed every pass;
+  * none (``cache_projections=False, compact_cache=False``): everything recomputed every pass.
 
 Ablation baselines behind the same call (``LiftConfig.method``):
   * "robust"    - VCD weights + Huber-IRLS Frechet mean (ours);
@@ -22,7 +38,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -33,7 +49,6 @@ from .gaussians import Gaussians
 from .ops import aggregate_sphere
 from .progress import track
 from .render import Projection, render
-from .sphere import sphere_exp
 from .vcd import VCDConfig, reliability_weights
 
 __all__ = ["LiftConfig", "LiftResult", "lift", "pca_decoder"]
@@ -74,14 +89,23 @@ class LiftConfig:
     tile_size: int = 16
     cache_projections: Optional[bool] = None
     """Keep per-view projections, weights and upsampled maps between passes (None: when they fit in ~2 GB)."""
+    compact_cache: Optional[bool] = None
+    """When the full cache is off: keep, per view, only the Gaussians that can reach a pixel of
+    weight > 0 (with their projection, the pixel weights and, if they fit, the teacher map as given
+    or upsampled, whichever is smaller) within ~2 GB; exact (see the module doc). None: when there
+    are IRLS passes (method robust / karcher, iters > 0); False: recompute every view in every pass."""
+    max_batch_gaussians: int = 4_000_000
+    """Upper bound on views x Gaussians projected together: views_per_batch is lowered for scenes
+    of more than max_batch_gaussians / views_per_batch Gaussians (the CPU projection holds
+    ~200 bytes per (view, Gaussian) pair while it runs; see rh3dgs.memory)."""
 
     def __post_init__(self) -> None:
         if self.method not in ("robust", "karcher", "euclidean"):
             raise ConfigError(f"LiftConfig.method must be 'robust', 'karcher' or 'euclidean', got {self.method!r}")
         if not self.delta > 0:
             raise ConfigError(f"LiftConfig.delta must be > 0 radians, got {self.delta}")
-        if self.iters < 0 or self.views_per_batch < 1:
-            raise ConfigError("LiftConfig.iters must be >= 0 and views_per_batch >= 1")
+        if self.iters < 0 or self.views_per_batch < 1 or self.max_batch_gaussians < 1:
+            raise ConfigError("LiftConfig.iters must be >= 0, views_per_batch and max_batch_gaussians >= 1")
 
 
 @dataclass
@@ -129,6 +153,77 @@ def _prepare_map(m: Tensor, i: int, H: int, W: int) -> Tensor:
     return m.div_(n.clamp_min(1e-8)).mul_(n > 1e-8)  # unit rows, zero rows stay zero
 
 
+_CACHE_BYTES = 2e9  # budget of the caches across passes
+
+
+def _view_projection(proj: Projection, b: int, n: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """View b of a chunk's projection: means2d [1,N,2], conics [1,N,3], opacities [1,N], offsets [1,TH,TW], ids."""
+    offs = proj.isect_offsets
+    start = int(offs[b].reshape(-1)[0])
+    end = int(offs[b + 1].reshape(-1)[0]) if b + 1 < offs.shape[0] else proj.flatten_ids.numel()
+    return (proj.means2d[b:b + 1], proj.conics[b:b + 1], proj.opacities[b:b + 1], offs[b:b + 1] - start,
+            proj.flatten_ids[start:end] - b * n)
+
+
+@dataclass
+class _CompactView:
+    """The Gaussians ``gids`` of one view that can matter to the aggregation, with their projection."""
+
+    gids: Tensor  # [K] int32 indices into the scene
+    means2d: Tensor  # [1, K, 2]
+    conics: Tensor  # [1, K, 3]
+    opacities: Tensor  # [1, K]
+    offsets: Tensor  # [1, TH, TW] int32
+    flatten_ids: Tensor  # [M] int32 (compact indices)
+    weights: Tensor  # [1, H, W]
+    view: int
+    maps: Optional[Tensor] = None  # the teacher map as given [h, w, D] or, if smaller, prepared [1, H, W, D]
+    maps_prepared: bool = False
+
+    def nbytes(self) -> int:
+        ts = [self.gids, self.means2d, self.conics, self.opacities, self.offsets, self.flatten_ids, self.weights]
+        return sum(t.numel() * t.element_size() for t in ts)
+
+
+def _compact_view(proj: Projection, b: int, n: int, weights: Tensor, view: int) -> _CompactView:
+    """Keep the contributors of view b (on pixels with weight > 0) and the Gaussians that end those pixels."""
+    means2d, conics, opac, offs, fids = _view_projection(proj, b, n)
+    open_px = (weights > 0).float()  # [1, H, W]: the pixels the aggregation visits
+    one = open_px[..., None]  # unit 1-channel "features": acc_raw = sum alpha T over open pixels
+    dev = means2d.device
+    if fids.numel() == 0:
+        keep = torch.zeros(n, dtype=torch.bool, device=dev)
+    else:
+        raw = aggregate_sphere(means2d, conics, opac, one, open_px, offs, fids, proj.tile_size, mode="init")[2]
+        contrib = raw > 0  # alpha T >= 3.9e-7 per pair: no underflow
+        # With the contributors transparent, the first Gaussian to composite onto an open pixel
+        # that ended is the one that ended it (those in front of it there have alpha < 1/255).
+        opac2 = opac * (~contrib).to(opac.dtype)[None]
+        raw2 = aggregate_sphere(means2d, conics, opac2, one, open_px, offs, fids, proj.tile_size, mode="init")[2]
+        keep = contrib | (raw2 > 0)
+    gids = torch.nonzero(keep).reshape(-1).int()
+    remap = torch.full((n,), -1, dtype=torch.int32, device=dev)
+    remap[gids] = torch.arange(len(gids), dtype=torch.int32, device=dev)
+    f = fids.long()
+    sel = keep[f]
+    prefix = torch.zeros(f.numel() + 1, dtype=torch.int64, device=dev)
+    prefix[1:] = torch.cumsum(sel, 0)
+    new_offs = prefix[offs.long()].int()  # kept intersections before each tile's start (order unchanged)
+    return _CompactView(gids, means2d[:, gids].contiguous(), conics[:, gids].contiguous(),
+                        opac[:, gids].contiguous(), new_offs, remap[f[sel]], weights, view)
+
+
+def _sphere_exp_(mu: Tensor, v: Tensor) -> Tensor:
+    """:func:`rh3dgs.sphere.sphere_exp` computed in the memory of ``mu`` and ``v`` (both overwritten;
+    the same operations, so the same bits). Returns ``mu``."""
+    n = torch.linalg.vector_norm(v, dim=-1, keepdim=True)
+    big = n > math.sqrt(torch.finfo(v.dtype).eps)
+    n_safe = torch.where(big, n, torch.ones_like(n))
+    sinc = torch.where(big, torch.sin(n) / n_safe, 1.0 - n * n / 6.0)
+    mu.mul_(torch.cos(n)).add_(v.mul_(sinc))
+    return mu.div_(torch.linalg.vector_norm(mu, dim=-1, keepdim=True).clamp_min(torch.finfo(mu.dtype).tiny))
+
+
 def pca_decoder(features: Tensor, weight: Tensor, d: int) -> tuple:
     """Uncentred weighted PCA: decoder [D, d] = top-d right singular vectors, latents = features @ decoder.
 
@@ -170,20 +265,42 @@ def lift(
     H, W = int(cameras.height), int(cameras.width)
     dev = gaussians.device
     ones = torch.ones(N, 1, device=dev)
-    chunks = [list(range(s, min(s + cfg.views_per_batch, B))) for s in range(0, B, cfg.views_per_batch)]
+    per_batch = max(1, min(cfg.views_per_batch, cfg.max_batch_gaussians // max(N, 1)))
+    chunks = [list(range(s, min(s + per_batch, B))) for s in range(0, B, per_batch)]
     if cfg.cache_projections is None:
         # projection (~40 B / Gaussian / view) + weights + upsampled teacher maps (the stream's memory bound)
-        cache = B * N * 40 + B * H * W * 4 * (1 + _map_dim(teacher_maps)) < 2e9
+        cache = B * N * 40 + B * H * W * 4 * (1 + _map_dim(teacher_maps)) < _CACHE_BYTES
     else:
         cache = cfg.cache_projections
+    irls = cfg.method != "euclidean" and cfg.iters > 0
+    compact = (not cache) and (irls if cfg.compact_cache is None else cfg.compact_cache)
     cached: Dict[int, tuple] = {}
+    compacts: Dict[int, List[_CompactView]] = {}
+    cached_bytes = 0
+    kept: List[int] = []
+
+    def get_maps(idx: List[int], raws: Optional[List[Tensor]] = None) -> Tensor:
+        """[b, H, W, D] unit maps of views idx (``raws``: also collect the maps as given)."""
+        out = []
+        for i in idx:
+            m = _get_map(teacher_maps, i)
+            if raws is not None:
+                raws.append(m)
+            out.append(_prepare_map(m, i, H, W))
+        return torch.stack(out).to(dev)
+
+    def view_map(v: _CompactView) -> Tensor:
+        return v.maps if v.maps_prepared else _prepare_map(v.maps, v.view, H, W)[None].to(dev)
+
+    raws: List[Tensor] = []  # the maps of the chunk just rendered, as given (for the compact cache)
 
     def view_chunk(ci: int):
         """(projection, pixel weights [b,H,W], teacher maps [b,H,W,D]) of chunk ci."""
         if ci in cached:
             return cached[ci]
         idx = chunks[ci]
-        maps = torch.stack([_prepare_map(_get_map(teacher_maps, i), i, H, W) for i in idx]).to(dev)
+        raws.clear()
+        maps = get_maps(idx, raws if compact else None)
         with torch.no_grad():
             r = render(gaussians, cameras[idx], ones, rgb=False, tile_size=cfg.tile_size)
         valid = (r.alpha >= cfg.min_coverage) & (maps.norm(dim=-1) > 0.5)
@@ -195,17 +312,69 @@ def lift(
             cached[ci] = (r.projection, w, maps)
         return r.projection, w, maps
 
+    def compact_chunk(ci: int, proj: Projection, w: Tensor, maps: Tensor) -> None:
+        """First pass, compact mode: keep chunk ci's compact views if they fit in the budget."""
+        nonlocal cached_bytes
+        views = [_compact_view(proj, b, N, w[b:b + 1].clone(), i) for b, i in enumerate(chunks[ci])]
+        nb = sum(v.nbytes() for v in views)
+        if cached_bytes + nb > _CACHE_BYTES:
+            return  # recomputed in every pass
+        kept.extend(len(v.gids) for v in views)
+        # the maps as given (usually at patch resolution) when smaller than the upsampled ones
+        keep_maps = [r.clone() if r.numel() < maps[b].numel() else maps[b:b + 1].clone() for b, r in enumerate(raws)]
+        map_bytes = sum(m.numel() * m.element_size() for m in keep_maps)
+        if cached_bytes + nb + map_bytes <= _CACHE_BYTES:
+            for v, m in zip(views, keep_maps):
+                v.maps, v.maps_prepared = m, m.dim() == 4
+            nb += map_bytes
+        compacts[ci] = views
+        cached_bytes += nb
+
     def one_pass(mode: str, mu: Optional[Tensor], delta: float, desc: str):
-        acc_w = acc_v = acc_raw = None
+        acc: List[Tensor] = []
+
+        def add(a, gids: Optional[Tensor] = None) -> None:
+            if gids is None and not acc:
+                acc.extend(a)
+                return
+            if not acc:
+                acc.extend(x.new_zeros((N, *x.shape[1:])) for x in a)
+            for t, x in zip(acc, a):
+                if gids is None:
+                    t.add_(x)
+                else:
+                    t.index_add_(0, gids, x)
+
+        def add_compact(views: List[_CompactView], maps: Optional[Tensor]) -> None:
+            for b, v in enumerate(views):
+                if len(v.gids) == 0:
+                    continue
+                m = view_map(v) if v.maps is not None else maps[b:b + 1]
+                gids = v.gids.long()  # index_select / index_add_ are fastest with int64 indices
+                add(aggregate_sphere(v.means2d, v.conics, v.opacities, m, v.weights, v.offsets, v.flatten_ids,
+                                     cfg.tile_size, mu=None if mu is None else mu.index_select(0, gids),
+                                     delta=delta, mode=mode), gids)
+
         for ci in track(range(len(chunks)), description=desc, disable=not progress):
+            if ci in compacts:
+                views = compacts[ci]
+                add_compact(views, None if all(v.maps is not None for v in views) else get_maps(chunks[ci]))
+                continue
             proj, w, maps = view_chunk(ci)
-            a = aggregate_sphere(proj.means2d, proj.conics, proj.opacities, maps, w, proj.isect_offsets,
-                                 proj.flatten_ids, proj.tile_size, mu=mu, delta=delta, mode=mode)
-            if acc_w is None:
-                acc_w, acc_v, acc_raw = a
+            if mode == "init" and compact:
+                compact_chunk(ci, proj, w, maps)
+            if ci in compacts:  # aggregate from the compact views: the same per-view sums
+                del proj, w
+                add_compact(compacts[ci], maps)
             else:
-                acc_w.add_(a[0]), acc_v.add_(a[1]), acc_raw.add_(a[2])
-        return acc_w, acc_v, acc_raw
+                add(aggregate_sphere(proj.means2d, proj.conics, proj.opacities, maps, w, proj.isect_offsets,
+                                     proj.flatten_ids, proj.tile_size, mu=mu, delta=delta, mode=mode))
+                del proj, w  # before the next chunk is rendered
+            del maps
+        if not acc:  # no views, or no Gaussian seen
+            D = _map_dim(teacher_maps)
+            acc.extend([torch.zeros(N, device=dev), torch.zeros(N, D, device=dev), torch.zeros(N, device=dev)])
+        return acc[0], acc[1], acc[2]
 
     acc_w, acc_v, weight = one_pass("init", None, math.inf, "lift: initial mean")
     valid = weight >= cfg.min_weight
@@ -215,16 +384,25 @@ def lift(
         delta = cfg.delta if cfg.method == "robust" else math.inf
         for it in range(cfg.iters):
             acc_w, acc_v, _ = one_pass("irls", mu, delta, f"lift: IRLS pass {it + 1}")
-            step = acc_v / acc_w.clamp_min(1e-12)[:, None] * valid[:, None]
-            mu = sphere_exp(mu, step) * valid[:, None]
+            step = acc_v.div_(acc_w.clamp_min(1e-12)[:, None]).mul_(valid[:, None])  # in place: N x D floats each
+            del acc_v
             norms = step.norm(dim=-1)[valid]
+            mu = _sphere_exp_(mu, step).mul_(valid[:, None])
             q_step = float(torch.quantile(norms[:1_000_000], cfg.tol_quantile)) if norms.numel() else 0.0
             steps.append(q_step)
             if q_step < cfg.tol:
                 break
+    with_maps = sum(v.maps is not None for views in compacts.values() for v in views)
+    cached.clear(), compacts.clear(), raws.clear()  # before the PCA's N x D temporaries
     latents = decoder = None
     if cfg.latent_dim > 0 and N > 0:
         decoder, latents = pca_decoder(mu, weight * valid, cfg.latent_dim)
     info = {"method": cfg.method, "use_vcd": cfg.use_vcd, "passes": 1 + len(steps), "step_quantile_per_pass": steps,
-            "seconds": time.perf_counter() - t0, "views": B, "gaussians": N, "valid": int(valid.sum())}
+            "seconds": time.perf_counter() - t0, "views": B, "gaussians": N, "valid": int(valid.sum()),
+            "views_per_batch": per_batch, "cache": "full" if cache else ("compact" if compact else "none")}
+    if compact:
+        info["compact_views"] = len(kept)
+        info["compact_views_with_maps"] = with_maps
+        info["compact_gaussians_per_view"] = float(sum(kept) / max(1, len(kept)))
+        info["cache_bytes"] = int(cached_bytes)
     return LiftResult(mu, weight, valid, latents, decoder, info)

@@ -33,16 +33,20 @@ def random_projected(B: int, N: int, C: int, width: int, height: int, tile_size:
     return {k: (v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in out.items()}
 
 
-def random_lift_scene(n: int = 300, views: int = 4, size: int = 40, D: int = 8, seed: int = 0):
-    """Random 3D Gaussians, cameras on a circle and random unit teacher maps at 1/4 resolution."""
+def random_lift_scene(n: int = 300, views: int = 4, size: int = 40, D: int = 8, seed: int = 0, scale: float = 0.06,
+                      opacity: tuple = (0.3, 0.6), map_offset: float = 1.5):
+    """Random 3D Gaussians, cameras on a circle and random unit teacher maps at 1/4 resolution.
+
+    Scales ``scale * exp(0.3 N(0,1))``, opacities uniform in ``[opacity[0], opacity[0] + opacity[1]]``,
+    maps ``normalize(N(0,1) + map_offset)``."""
     from rh3dgs import Cameras, Gaussians
 
     g = torch.Generator().manual_seed(seed)
     means = (torch.rand(n, 3, generator=g) - 0.5) * 1.6
-    gs = Gaussians.from_activated(means, 0.06 * torch.exp(0.3 * torch.randn(n, 3, generator=g)),
-                                  torch.randn(n, 4, generator=g), 0.3 + 0.6 * torch.rand(n, generator=g),
+    gs = Gaussians.from_activated(means, scale * torch.exp(0.3 * torch.randn(n, 3, generator=g)),
+                                  torch.randn(n, 4, generator=g), opacity[0] + opacity[1] * torch.rand(n, generator=g),
                                   torch.rand(n, 3, generator=g))
     eyes = torch.tensor([[3 * math.cos(a), 3 * math.sin(a), 0.8] for a in torch.linspace(0, 2 * math.pi, views + 1)[:-1]])
     cams = Cameras.look_at(eyes, torch.zeros(3), width=size, height=size)
-    maps = torch.nn.functional.normalize(torch.randn(views, size // 4, size // 4, D, generator=g) + 1.5, dim=-1)
+    maps = torch.nn.functional.normalize(torch.randn(views, size // 4, size // 4, D, generator=g) + map_offset, dim=-1)
     return gs, cams, maps

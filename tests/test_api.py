@@ -66,6 +66,15 @@ def test_export_selection_is_a_standard_ply(lifted, tmp_path):
     assert len(g) == int(sel.sum()) and 0 < len(g) < len(scene)
     torch.testing.assert_close(g.means, scene.gaussians.means[sel])
     assert g.latents is not None and g.latents.shape[1] == scene.field.latent_dim
+    # latents are float16 on disk (scene folder and export); the loaded float16 values re-export bit-exactly
+    for f in (tmp_path / "box.ply", root / "scene" / "semantic.ply"):
+        raw = f.read_bytes()
+        header = raw[: raw.index(b"end_header")]
+        assert b"comment rh3dgs sem_dtype float16" in header and b"property ushort sem_0" in header
+    assert torch.equal(g.latents, scene.field.latents[sel])
+    scene.export_ply(tmp_path / "box32.ply", mask=sel, latent_dtype="float32")
+    assert torch.equal(load_ply(tmp_path / "box32.ply").latents, g.latents)
+    assert (tmp_path / "box32.ply").stat().st_size > (tmp_path / "box.ply").stat().st_size
 
 
 def test_errors_are_clear(lifted, tmp_path):

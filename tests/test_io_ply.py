@@ -23,10 +23,25 @@ def wide_floats(rng: np.random.Generator, shape) -> np.ndarray:
     return a
 
 
-def random_gaussians(n: int, sh_degree: int, n_latents: int = 0, seed: int = 0, extra=None) -> Gaussians:
+def wide_halfs(rng: np.random.Generator, shape) -> np.ndarray:
+    """float32 values that are exactly float16 values, over the whole float16 range (incl. 0, -0, subnormals, +-65504)."""
+    bits = rng.integers(0, 2**16, size=shape, dtype=np.uint16)
+    bits[(bits & 0x7C00) == 0x7C00] &= 0xBBFF  # no Inf / NaN exponent
+    a = bits.view(np.float16).astype(np.float32)
+    flat = a.reshape(-1)
+    if flat.size >= 6:
+        flat[:6] = [0.0, -0.0, 2.0**-24, 65504.0, -65504.0, 1.0]
+    assert np.isfinite(a).all()
+    return a
+
+
+def random_gaussians(n: int, sh_degree: int, n_latents: int = 0, seed: int = 0, extra=None,
+                     half_latents: bool = True) -> Gaussians:
+    """Wide float32 standard fields; latents exactly float16-representable unless ``half_latents=False``."""
     rng = np.random.default_rng(seed)
     k = (sh_degree + 1) ** 2 - 1
     t = lambda *s: torch.from_numpy(wide_floats(rng, s))  # noqa: E731
+    lat = (lambda *s: torch.from_numpy(wide_halfs(rng, s))) if half_latents else t  # noqa: E731
     return Gaussians(
         means=t(n, 3),
         scales=t(n, 3),
@@ -34,7 +49,7 @@ def random_gaussians(n: int, sh_degree: int, n_latents: int = 0, seed: int = 0, 
         opacities=t(n),
         sh0=t(n, 1, 3),
         shN=t(n, k, 3),
-        latents=t(n, n_latents) if n_latents else None,
+        latents=lat(n, n_latents) if n_latents else None,
         extra=dict(extra or {}),
     )
 
@@ -60,27 +75,91 @@ def vertex_names(path) -> list:
     return [p.name for p in PlyData.read(str(path))["vertex"].properties]
 
 
+def header_of(path) -> str:
+    raw = path.read_bytes()
+    return raw[: raw.index(b"end_header")].decode("ascii")
+
+
 # ------------------------------------------------------------------ round trips
 @pytest.mark.parametrize("sh_degree", [0, 1, 2, 3])
 @pytest.mark.parametrize("n_latents", [0, 5])
-def test_round_trip_bit_exact(tmp_path, sh_degree, n_latents):
-    g = random_gaussians(37, sh_degree, n_latents, seed=sh_degree * 10 + n_latents)
+@pytest.mark.parametrize("latent_dtype", ["float16", "float32"])
+def test_round_trip_bit_exact(tmp_path, sh_degree, n_latents, latent_dtype):
+    half = latent_dtype == "float16"
+    g = random_gaussians(37, sh_degree, n_latents, seed=sh_degree * 10 + n_latents, half_latents=half)
     p = tmp_path / "scene.ply"
-    assert save_ply(p, g) == p
+    assert save_ply(p, g, latent_dtype=latent_dtype) == p
     h = load_ply(p)
     assert h.sh_degree == sh_degree
     assert_bit_exact(g, h)
+    assert h.latents is None or h.latents.dtype == torch.float32
     assert vertex_names(p) == ply_field_names(sh_degree, n_latents)
-    # header: binary little-endian, float32 everywhere
+    # header: binary little-endian, float32 everywhere but float16 latents (ushort + comment)
     raw = p.read_bytes()
-    header = raw[: raw.index(b"end_header")].decode("ascii")
+    header = header_of(p)
     assert "format binary_little_endian 1.0" in header
     assert "element vertex 37" in header
-    assert all(line.startswith("property float ") for line in header.splitlines() if line.startswith("property"))
-    # second trip: byte-identical file
+    props = [line for line in header.splitlines() if line.startswith("property")]
+    sem_type = "ushort" if half else "float"
+    assert all(line.startswith(f"property {sem_type if ' sem_' in line else 'float'} ") for line in props)
+    assert ("comment rh3dgs sem_dtype float16" in header) == (half and n_latents > 0)
+    # second trip: byte-identical file (float16 values survive load -> save exactly)
     p2 = tmp_path / "again.ply"
-    save_ply(p2, h)
+    save_ply(p2, h, latent_dtype=latent_dtype)
     assert p2.read_bytes() == raw
+    assert_bit_exact(g, load_ply(p2))
+
+
+def test_latents_float16_by_default(tmp_path):
+    """Any float32 latents are stored rounded to the nearest float16 and come back as float32."""
+    n, d = 300, 16
+    g = random_gaussians(n, 1, 0, seed=3)
+    lat = torch.randn(n, d, generator=torch.Generator().manual_seed(0), dtype=torch.float64).float()
+    lat[0, :4] = torch.tensor([65504.0, -65504.0, 1e-8, -0.0])  # extremes; 1e-8 flushes to 0
+    g.latents = lat
+    p = save_ply(tmp_path / "h.ply", g)
+    header = header_of(p)
+    assert "comment rh3dgs sem_dtype float16" in header and "property ushort sem_15" in header
+    h = load_ply(p)
+    assert h.latents.dtype == torch.float32
+    assert same_bits(h.latents, lat.half().float())
+    assert torch.equal(h.latents[0, :4], torch.tensor([65504.0, -65504.0, 0.0, -0.0]))
+    assert (h.latents - lat).abs().max() <= 2.0**-11 * lat.abs().max()
+    raw = PlyData.read(str(p))["vertex"]["sem_3"]
+    assert raw.dtype == np.dtype("<u2") and np.array_equal(raw.view(np.float16).astype(np.float32), h.latents[:, 3].numpy())
+    # load -> save -> load is bit-exact, the file byte-identical
+    p2 = save_ply(tmp_path / "h2.ply", h)
+    assert p2.read_bytes() == p.read_bytes()
+    assert_bit_exact(h, load_ply(p2))
+    # float32 on request: exact float32 values, no comment
+    p3 = save_ply(tmp_path / "f.ply", g, latent_dtype="float32")
+    assert "sem_dtype" not in header_of(p3) and "property float sem_0" in header_of(p3)
+    assert same_bits(load_ply(p3).latents, lat)
+    # torch / numpy dtypes are accepted as well; anything else is refused
+    assert save_ply(tmp_path / "t.ply", g, latent_dtype=torch.float16).read_bytes() == p.read_bytes()
+    assert save_ply(tmp_path / "t.ply", g, latent_dtype=np.float32).read_bytes() == p3.read_bytes()
+    with pytest.raises(ValueError, match="latent_dtype"):
+        save_ply(tmp_path / "x.ply", g, latent_dtype="bfloat16")
+    assert not (tmp_path / "x.ply").exists()
+
+
+@pytest.mark.parametrize("sh_degree,d", [(0, 16), (3, 16), (3, 0), (1, 7)])
+def test_file_size_per_gaussian(tmp_path, sh_degree, d):
+    from rh3dgs.memory import ply_bytes_per_gaussian
+
+    n = 1000
+    g = random_gaussians(n, sh_degree, d, seed=1)
+    sizes = {}
+    for dt in ("float16", "float32"):
+        p = save_ply(tmp_path / f"{dt}.ply", g, latent_dtype=dt)
+        data_bytes = p.stat().st_size - len(header_of(p)) - len("end_header\n")
+        assert data_bytes == n * ply_bytes_per_gaussian(sh_degree, d, dt)
+        sizes[dt] = data_bytes // n
+    k = (sh_degree + 1) ** 2 - 1
+    assert sizes["float32"] == 4 * (14 + 3 * k + d)
+    assert sizes["float16"] == sizes["float32"] - 2 * d  # 2 bytes saved per latent
+    if (sh_degree, d) == (3, 16):
+        assert (sizes["float16"], sizes["float32"]) == (268, 300)
 
 
 def test_round_trip_with_extra_fields_keeps_dtype_and_order(tmp_path):
@@ -227,17 +306,79 @@ def test_inria_compat(tmp_path):
     np.testing.assert_array_equal(PlyData.read(str(out))["vertex"]["f_rest_20"], f_rest[:, 1, 5])
 
 
-def test_loads_ascii_and_big_endian(tmp_path):
-    g = random_gaussians(4, 1, 2, seed=4)
+@pytest.mark.parametrize("latent_dtype", ["float16", "float32"])
+def test_loads_ascii_and_big_endian(tmp_path, latent_dtype):
+    g = random_gaussians(4, 1, 2, seed=4, half_latents=latent_dtype == "float16")
     p = tmp_path / "le.ply"
-    save_ply(p, g)
+    save_ply(p, g, latent_dtype=latent_dtype)
     ply = PlyData.read(str(p))
     be = tmp_path / "be.ply"
-    PlyData(ply.elements, text=False, byte_order=">").write(str(be))
-    assert_bit_exact(g, load_ply(be))
+    PlyData(ply.elements, text=False, byte_order=">", comments=ply.comments).write(str(be))
+    assert_bit_exact(g, load_ply(be))  # big-endian ushort float16 bit patterns
     txt = tmp_path / "txt.ply"
-    PlyData(ply.elements, text=True).write(str(txt))
-    assert_bit_exact(g, load_ply(txt))  # %.18g round-trips float32
+    PlyData(ply.elements, text=True, comments=ply.comments).write(str(txt))
+    assert_bit_exact(g, load_ply(txt))  # %.18g round-trips float32; ushort as decimal integers
+    # the comment may also sit inside the vertex element
+    el = PlyElement.describe(ply["vertex"].data, "vertex", comments=ply.comments)
+    inside = tmp_path / "inside.ply"
+    PlyData([el]).write(str(inside))
+    assert_bit_exact(g, load_ply(inside))
+
+
+def _rewrite(src, dst, comments, sem_type=None):
+    """Copy ``src``'s vertex data to ``dst`` with other header comments (and sem_* cast to ``sem_type``)."""
+    data = PlyData.read(str(src), mmap=False)["vertex"].data
+    if sem_type is not None:
+        dt = [(nm, sem_type if nm.startswith("sem_") else data.dtype[nm]) for nm in data.dtype.names]
+        new = np.empty(len(data), dtype=dt)
+        for nm in data.dtype.names:
+            new[nm] = data[nm]
+        data = new
+    PlyData([PlyElement.describe(data, "vertex")], comments=comments).write(str(dst))
+    return dst
+
+
+def test_float16_comment_required_and_consistent(tmp_path):
+    p = save_ply(tmp_path / "h.ply", random_gaussians(6, 0, 3, seed=2))
+    # ushort sem_* without the comment (a tool dropped it): refused, not read as integers
+    bad = _rewrite(p, tmp_path / "nocomment.ply", ["made by some tool"])
+    with pytest.raises(PlyFormatError, match="lacks the line 'comment rh3dgs sem_dtype float16'") as ei:
+        load_ply(bad)
+    assert str(bad) in str(ei.value) and ei.value.field == "sem_0"
+    # the comment with sem_* of another type: refused
+    bad = _rewrite(p, tmp_path / "asfloat.ply", ["rh3dgs sem_dtype float16"], sem_type="f4")
+    with pytest.raises(PlyFormatError, match="expected ushort") as ei:
+        load_ply(bad)
+    assert ei.value.field == "sem_0"
+    # a malformed or conflicting comment: refused, naming the header comment
+    for comments in (["rh3dgs sem_dtype bfloat16"], ["rh3dgs sem_dtype"], ["rh3dgs sem_dtype float16", "rh3dgs sem_dtype float32"]):
+        bad = _rewrite(p, tmp_path / "badcomment.ply", comments)
+        with pytest.raises(PlyFormatError, match="sem_dtype") as ei:
+            load_ply(bad)
+        assert ei.value.field == "comment"
+    # other integer sem_* types (no ambiguity) still load as their values; so does an explicit float32 comment
+    g = load_ply(_rewrite(p, tmp_path / "int.ply", [], sem_type="i2"))
+    assert g.latents.dtype == torch.float32
+    f32 = save_ply(tmp_path / "f32.ply", random_gaussians(6, 0, 3, seed=2), latent_dtype="float32")
+    assert_bit_exact(load_ply(f32), load_ply(_rewrite(f32, tmp_path / "f32c.ply", ["rh3dgs sem_dtype float32"])))
+
+
+def test_float16_overflow_is_refused(tmp_path):
+    p = tmp_path / "o.ply"
+    save_ply(p, random_gaussians(5, 0, 2))
+    before = p.read_bytes()
+    g = random_gaussians(5, 0, 3, seed=9)
+    g.latents[3, 2] = 65504.0  # the largest float16: fine
+    save_ply(tmp_path / "ok.ply", g)
+    g.latents[1, 2] = -70000.0
+    g.latents[4, 2] = 65505.0  # would round to 65504, but is outside the range: refused too
+    with pytest.raises(PlyFormatError, match=r"2 latent value\(s\) outside the float16 range.*first at Gaussian 1.*float32") as ei:
+        save_ply(p, g)
+    assert ei.value.field == "sem_2" and str(p) in str(ei.value)
+    assert p.read_bytes() == before
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["o.ply", "ok.ply"]
+    save_ply(p, g, latent_dtype="float32")
+    assert load_ply(p).latents[1, 2].item() == -70000.0
 
 
 # ------------------------------------------------------------------ bad inputs
@@ -322,15 +463,20 @@ def test_bad_f_rest_count(tmp_path):
     assert str(bad) in str(ei.value) and ei.value.field == "f_rest"
 
 
-@pytest.mark.parametrize("field,value", [("x", np.nan), ("scale_2", np.inf), ("f_rest_7", -np.inf), ("sem_1", np.nan)])
-def test_non_finite_field(tmp_path, field, value):
+@pytest.mark.parametrize("field,value,latent_dtype", [("x", np.nan, "float16"), ("scale_2", np.inf, "float16"),
+                                                      ("f_rest_7", -np.inf, "float16"), ("sem_1", np.nan, "float16"),
+                                                      ("sem_0", -np.inf, "float16"), ("sem_1", np.nan, "float32")])
+def test_non_finite_field(tmp_path, field, value, latent_dtype):
     p = tmp_path / "v.ply"
-    save_ply(p, random_gaussians(8, 1, 2))
+    save_ply(p, random_gaussians(8, 1, 2, half_latents=latent_dtype == "float16"), latent_dtype=latent_dtype)
     ply = PlyData.read(str(p), mmap=False)
     data = ply["vertex"].data
-    data[field][[2, 5]] = value
+    if data[field].dtype.kind == "u":  # float16 bit pattern of NaN / Inf
+        data[field][[2, 5]] = np.array([value], np.float16).view(np.uint16)
+    else:
+        data[field][[2, 5]] = value
     bad = tmp_path / "nan.ply"
-    PlyData([PlyElement.describe(data, "vertex")]).write(str(bad))
+    PlyData([PlyElement.describe(data, "vertex")], comments=ply.comments).write(str(bad))
     with pytest.raises(PlyFormatError) as ei:
         load_ply(bad)
     msg = str(ei.value)

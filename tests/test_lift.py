@@ -73,10 +73,123 @@ def test_lift_streams_maps_and_is_deterministic():
         calls.append(i)
         return maps[i]
 
-    a = lift(gs, cams, provider, LiftConfig(iters=2, views_per_batch=2, cache_projections=False), progress=False)
+    a = lift(gs, cams, provider, LiftConfig(iters=2, views_per_batch=2, cache_projections=False, compact_cache=False),
+             progress=False)
     b = lift(gs, cams, maps, LiftConfig(iters=2, views_per_batch=2), progress=False)
+    assert a.info["cache"] == "none" and b.info["cache"] == "full"
     assert torch.equal(a.features, b.features) and torch.equal(a.weight, b.weight)
     assert sorted(set(calls)) == list(range(len(cams)))
+
+
+def _dense_scene(n=20000, views=4, size=48, D=8, seed=2):
+    """Small Gaussians, many per pixel: most pixels end (T -> 1e-4), most Gaussians are hidden in a view."""
+    return random_lift_scene(n, views, size, D, seed, scale=0.04, opacity=(0.2, 0.75), map_offset=1.0)
+
+
+@pytest.mark.parametrize("use_vcd", [True, False])
+def test_compact_cache_is_exact(use_vcd):
+    """Per view, the compact set (contributors + the Gaussians that end a pixel) gives the very same sums."""
+    gs, cams, maps = _dense_scene()
+    kw = dict(iters=3, use_vcd=use_vcd, latent_dim=4)
+    full = lift(gs, cams, maps, LiftConfig(views_per_batch=1, cache_projections=True, **kw), progress=False)
+    comp = lift(gs, cams, maps, LiftConfig(views_per_batch=1, cache_projections=False, **kw), progress=False)
+    assert full.info["cache"] == "full" and comp.info["cache"] == "compact"  # compact by default when not full
+    assert comp.info["compact_views"] == len(cams)
+    assert comp.info["compact_gaussians_per_view"] < 0.6 * len(gs)  # many Gaussians dropped per view
+    # one view per batch: the per-view sums are added in the same order, so bit-identical
+    assert torch.equal(full.features, comp.features) and torch.equal(full.weight, comp.weight)
+    assert torch.equal(full.valid, comp.valid) and torch.equal(full.latents, comp.latents)
+    # several views per batch: the same up to the order of the sum over views
+    comp3 = lift(gs, cams, maps, LiftConfig(views_per_batch=3, cache_projections=False, **kw), progress=False)
+    full3 = lift(gs, cams, maps, LiftConfig(views_per_batch=3, **kw), progress=False)
+    torch.testing.assert_close(comp3.weight, full3.weight, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(comp3.features, full3.features, rtol=0, atol=1e-5)
+    assert torch.equal(comp3.valid, full3.valid)
+
+
+def test_compact_cache_needs_the_pixel_ending_gaussians(monkeypatch):
+    """Keeping only the contributors would change the result: dropped Gaussians that end a pixel
+    let the ones behind them composite there. Guards the second pass of the compaction."""
+    import rh3dgs.lift as lift_mod
+
+    gs, cams, maps = _dense_scene(seed=4)
+    cfg = LiftConfig(iters=2, views_per_batch=1, cache_projections=False, latent_dim=0)
+    ref = lift(gs, cams, maps, LiftConfig(iters=2, views_per_batch=1, latent_dim=0), progress=False)
+    orig, calls = lift_mod.aggregate_sphere, []
+
+    def contributors_only(*args, **kw):
+        out = orig(*args, **kw)
+        if args[3].shape[-1] == 1:  # the compaction's 1-channel passes; the 2nd finds the pixel-ending ones
+            calls.append(1)
+            if len(calls) % 2 == 0:
+                out = (out[0], out[1], torch.zeros_like(out[2]))
+        return out
+
+    monkeypatch.setattr(lift_mod, "aggregate_sphere", contributors_only)
+    bad = lift(gs, cams, maps, cfg, progress=False)
+    assert calls and not torch.equal(bad.features, ref.features)
+    monkeypatch.setattr(lift_mod, "aggregate_sphere", orig)
+    assert torch.equal(lift(gs, cams, maps, cfg, progress=False).features, ref.features)
+
+
+@pytest.mark.parametrize("budget", ["nothing", "half", "all but the last maps", "all"])
+def test_compact_cache_budget(monkeypatch, budget):
+    """Views whose compact data do not fit are recomputed each pass; maps that do not fit are requested again."""
+    import rh3dgs.lift as lift_mod
+
+    gs, cams, maps = _dense_scene(seed=5)
+    V = len(cams)
+    cfg = LiftConfig(iters=2, views_per_batch=1, latent_dim=0, cache_projections=False)
+    ref = lift(gs, cams, maps, cfg, progress=False)
+    assert ref.info["compact_views"] == ref.info["compact_views_with_maps"] == V
+    total, map_bytes = ref.info["cache_bytes"], maps[0].numel() * 4  # maps kept as given (smaller than upsampled)
+    limit = {"nothing": 1, "half": total / 2, "all but the last maps": total - map_bytes / 2, "all": total}[budget]
+    calls = []
+
+    def provider(i):
+        calls.append(i)
+        return maps[i]
+
+    monkeypatch.setattr(lift_mod, "_CACHE_BYTES", limit)
+    res = lift(gs, cams, provider, cfg, progress=False)
+    info = res.info
+    assert info["cache"] == "compact" and info["cache_bytes"] <= limit
+    expected = {"nothing": (0, 0), "all but the last maps": (V, V - 1), "all": (V, V)}.get(budget)
+    if expected:
+        assert (info["compact_views"], info["compact_views_with_maps"]) == expected
+    else:
+        assert 0 < info["compact_views"] < V
+    assert len(calls) == V + (info["passes"] - 1) * (V - info["compact_views_with_maps"])
+    assert torch.equal(res.features, ref.features) and torch.equal(res.weight, ref.weight)
+
+
+def test_compact_cache_with_maps_larger_than_the_image():
+    """Teacher maps above the image resolution are cached resampled to the image size (the smaller)."""
+    gs, cams, _ = _dense_scene(n=6000, views=3, seed=6)
+    big = torch.nn.functional.normalize(torch.randn(3, 2 * cams.height, 2 * cams.width, 8,
+                                                    generator=torch.Generator().manual_seed(0)) + 1.0, dim=-1)
+    ref = lift(gs, cams, big, LiftConfig(iters=2, views_per_batch=1, latent_dim=0), progress=False)
+    res = lift(gs, cams, big, LiftConfig(iters=2, views_per_batch=1, latent_dim=0, cache_projections=False),
+               progress=False)
+    assert res.info["compact_views_with_maps"] == 3
+    assert torch.equal(res.features, ref.features) and torch.equal(res.weight, ref.weight)
+
+
+def test_lift_batches_and_caches_by_size():
+    gs, cams, maps = _scene()
+    r = lift(gs, cams, maps, LiftConfig(method="euclidean", cache_projections=False), progress=False)
+    assert r.info["cache"] == "none"  # no IRLS pass: nothing to cache for
+    r = lift(gs, cams, maps, LiftConfig(iters=0, cache_projections=False), progress=False)
+    assert r.info["cache"] == "none"
+    r = lift(gs, cams, maps, LiftConfig(iters=1, cache_projections=False, compact_cache=False), progress=False)
+    assert r.info["cache"] == "none"
+    # views x Gaussians per batch bounded by max_batch_gaussians
+    r = lift(gs, cams, maps, LiftConfig(iters=1, views_per_batch=8, max_batch_gaussians=2 * len(gs)), progress=False)
+    assert r.info["views_per_batch"] == 2
+    r = lift(gs, cams, maps, LiftConfig(iters=1, views_per_batch=3, max_batch_gaussians=1), progress=False)
+    assert r.info["views_per_batch"] == 1
+    with pytest.raises(ConfigError):
+        LiftConfig(max_batch_gaussians=0)
 
 
 def test_lift_rejects_bad_input():

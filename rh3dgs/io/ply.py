@@ -11,7 +11,7 @@ One ``vertex`` element, one row per Gaussian, all properties scalar::
 * ``opacity`` is the logit, ``scale_*`` the log standard deviations, ``rot_*`` the
   (w, x, y, z) quaternion, un-normalised - all stored raw, as optimised.
 * ``sem_*`` are rh3dgs' semantic latents (``Gaussians.latents``). Other 3DGS viewers
-  ignore unknown properties.
+  ignore unknown properties. They are stored as **float16** by default (see below).
 * Every other vertex property (``nx ny nz``, colours, anything unknown) is kept in
   ``Gaussians.extra`` with its original dtype and written back, so
   ``save_ply(load_ply(p))`` reproduces every field bit for bit.
@@ -25,6 +25,24 @@ a file that had unknown properties elsewhere gets them moved, values unchanged.
 Loading accepts binary (either endianness) and ASCII PLY; standard fields stored as
 float64 or integers are converted to float32. Writing is always binary little-endian,
 float32 for the standard fields, and atomic (:func:`rh3dgs.io.atomic.atomic_write`).
+
+Half-precision latents. PLY has no 16-bit float type, so ``save_ply(...,
+latent_dtype="float16")`` (the default) writes each ``sem_i`` as ``ushort`` holding the
+IEEE binary16 bit pattern of the value (rounded to nearest even) and adds the header line
+``comment rh3dgs sem_dtype float16`` (:data:`SEM_DTYPE_COMMENT`). :func:`load_ply` reads
+that comment, reinterprets the ``ushort`` columns as float16 and returns float32 latents
+(exactly the float16 values), so load -> save -> load is bit-exact on every field. A file
+with that comment whose ``sem_*`` are not ``ushort``, and a file whose ``sem_*`` are
+``ushort`` *without* it (e.g. a tool rewrote the header and dropped comments), are rejected
+with a :class:`PlyFormatError` naming the property: float16 bit patterns read as integers
+would be silently wrong latents. float16 keeps 11 significant bits (relative error <= 2^-11,
+about 5e-4) and holds |x| <= 65504; lifted latents are PCA coordinates of unit vectors
+(|x| <= 1), so nothing measurable is lost while the latents take half the bytes (2 d instead
+of 4 d per Gaussian; see :func:`rh3dgs.memory.ply_bytes_per_gaussian`). Saving latents
+outside that range **raises** :class:`PlyFormatError` naming the file and the ``sem_*``
+property (no silent fallback); pass ``latent_dtype="float32"`` to store them as float32,
+which writes no comment (the layout of earlier rh3dgs versions, still read as before).
+Re-saving a float32-latent file with the default quantises its latents to float16.
 """
 from __future__ import annotations
 
@@ -40,7 +58,7 @@ from ..errors import NonFiniteError, PlyFormatError, ShapeError
 from ..gaussians import Gaussians
 from .atomic import atomic_write
 
-__all__ = ["load_ply", "save_ply", "ply_field_names", "SH_REST_COUNTS"]
+__all__ = ["load_ply", "save_ply", "ply_field_names", "SH_REST_COUNTS", "SEM_DTYPE_COMMENT", "LATENT_DTYPES"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -59,6 +77,13 @@ _REQUIRED = _XYZ + _DC + _OPACITY + _SCALE + _ROT
 _F_REST_RE = re.compile(r"^f_rest_(\d+)$")
 _SEM_RE = re.compile(r"^sem_(\d+)$")
 _RESERVED_RE = re.compile(r"^(f_dc|f_rest|sem)_\d+$")
+
+#: header comment (without the leading ``comment ``) marking ``sem_*`` as float16 bit patterns in ``ushort``
+SEM_DTYPE_COMMENT = "rh3dgs sem_dtype float16"
+_SEM_DTYPE_KEY = ("rh3dgs", "sem_dtype")
+#: ``latent_dtype`` values :func:`save_ply` accepts
+LATENT_DTYPES = ("float16", "float32")
+_FP16_MAX = float(np.finfo(np.float16).max)  # 65504
 
 # PLY scalar types (numpy kind+size) that plyfile can write
 _PLY_DTYPES = {np.dtype(t) for t in ("i1", "u1", "i2", "u2", "i4", "u4", "f4", "f8")}
@@ -203,15 +228,68 @@ def _float_columns(path: Path, data: np.ndarray, names: Sequence[str]) -> np.nda
     for j, name in enumerate(names):
         col = _column(data, name)
         if col.dtype.kind == "f":
-            bad = ~np.isfinite(col)
-            if bad.any():
-                first = int(np.flatnonzero(bad)[0])
+            _check_finite(path, col, name)
+        out[:, j] = col
+    return out
+
+
+def _check_finite(path: Path, col: np.ndarray, name: str) -> None:
+    bad = ~np.isfinite(col)
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        raise PlyFormatError(path, f"{int(bad.sum())} non-finite value(s) (NaN/Inf) out of {len(col)}, "
+                                   f"first at vertex {first}", field=name)
+
+
+def _sem_dtype(path: Path, ply) -> Optional[str]:
+    """The ``rh3dgs sem_dtype X`` header comment (file-level or in the vertex element): X, or None."""
+    comments = list(ply.comments)
+    try:
+        comments += list(ply["vertex"].comments)
+    except KeyError:  # pragma: no cover - checked before
+        pass
+    found = None
+    for c in comments:
+        tok = c.split()
+        if tuple(tok[:2]) != _SEM_DTYPE_KEY:
+            continue
+        value = tok[2] if len(tok) == 3 else None
+        if value not in ("float16", "float32"):
+            raise PlyFormatError(path, f"header comment {c!r} is not 'rh3dgs sem_dtype float16' or '... float32'",
+                                 field="comment")
+        if found is not None and found != value:
+            raise PlyFormatError(path, "header comments give conflicting sem_dtype values", field="comment")
+        found = value
+    return found
+
+
+def _latent_columns(path: Path, data: np.ndarray, names: Sequence[str], sem_dtype: Optional[str]) -> np.ndarray:
+    """[N, d] float32 latents; ``sem_dtype == "float16"``: ushort columns hold float16 bit patterns."""
+    if sem_dtype != "float16":
+        for name in names:
+            dt = data.dtype[name]
+            if dt.kind == "u" and dt.itemsize == 2:
                 raise PlyFormatError(
                     path,
-                    f"{int(bad.sum())} non-finite value(s) (NaN/Inf) out of {len(col)}, first at vertex {first}",
+                    "stored as ushort (uint16) but the header lacks the line 'comment rh3dgs sem_dtype float16': "
+                    "cannot tell float16 bit patterns from integers. Add that comment if these are rh3dgs float16 "
+                    "latents (a tool dropped it), or store them as float",
                     field=name,
                 )
-        out[:, j] = col
+        return _float_columns(path, data, names)
+    out = np.empty((len(data), len(names)), dtype=np.float32)
+    for j, name in enumerate(names):
+        col = _column(data, name)
+        if not (col.dtype.kind == "u" and col.dtype.itemsize == 2):
+            raise PlyFormatError(
+                path,
+                f"the header says sem_* are float16 bit patterns ('comment {SEM_DTYPE_COMMENT}') but this property "
+                f"is stored as {col.dtype.name}, expected ushort",
+                field=name,
+            )
+        half = col.view(np.float16)
+        _check_finite(path, half, name)
+        out[:, j] = half
     return out
 
 
@@ -219,13 +297,16 @@ def load_ply(path: PathLike, device: Union[str, torch.device] = "cpu") -> Gaussi
     """Load a 3DGS PLY (INRIA / nerfstudio / rh3dgs layout, see the module doc).
 
     Returns a :class:`Gaussians` on ``device`` with raw parameters; ``sem_*`` become
-    ``latents`` (float32), every other non-standard property goes to ``extra`` in file
-    order with its dtype. A file with zero Gaussians loads as an empty scene.
+    ``latents`` (float32; float16 files, marked by the header comment
+    ``rh3dgs sem_dtype float16``, give exactly their float16 values), every other
+    non-standard property goes to ``extra`` in file order with its dtype. A file with zero
+    Gaussians loads as an empty scene.
 
     Raises :class:`PlyFormatError` (naming the file and, where it applies, the property)
     if the file is missing, not a PLY, truncated or corrupt, has no ``vertex`` element,
     lacks required 3DGS properties, has an f_rest count other than 0/9/24/45, or holds
-    NaN / Inf in any standard or ``sem_*`` property (``extra`` properties are not checked).
+    NaN / Inf in any standard or ``sem_*`` property (``extra`` properties are not checked),
+    or has ``ushort`` ``sem_*`` without the float16 comment (or the comment with other types).
     """
     path = Path(path)
     if not path.exists():
@@ -246,7 +327,7 @@ def load_ply(path: PathLike, device: Union[str, torch.device] = "cpu") -> Gaussi
     rest_names = [f"f_rest_{i}" for i in range(3 * k)]
     sem_names = [f"sem_{i}" for i in range(d)]
     std = _float_columns(path, data, _XYZ + _DC + rest_names + _OPACITY + _SCALE + _ROT)  # order of take() below
-    latents = _float_columns(path, data, sem_names) if d else None
+    latents = _latent_columns(path, data, sem_names, _sem_dtype(path, ply)) if d else None
     used = set(_REQUIRED) | set(rest_names) | set(sem_names)
     extra = {}
     for name in names:
@@ -317,13 +398,43 @@ def _check_name(path: Path, name: str) -> None:
         raise PlyFormatError(path, "extra property name collides with a standard 3DGS / rh3dgs property", field=name)
 
 
-def save_ply(path: PathLike, gaussians: Gaussians, mask: Optional[Union[torch.Tensor, np.ndarray]] = None) -> Path:
+def _latent_dtype(latent_dtype) -> str:
+    name = {torch.float16: "float16", torch.float32: "float32"}.get(latent_dtype, latent_dtype)
+    if not isinstance(name, str):
+        try:
+            name = np.dtype(name).name
+        except TypeError:
+            name = repr(name)
+    if name not in LATENT_DTYPES:
+        raise ValueError(f"save_ply: latent_dtype must be 'float16' or 'float32', got {latent_dtype!r}")
+    return name
+
+
+def _to_half_bits(path: Path, names: Sequence[str], a: np.ndarray) -> np.ndarray:
+    """[N, d] finite float32 -> [N, d] uint16 float16 bit patterns; PlyFormatError if |x| > 65504."""
+    over = np.abs(a) > _FP16_MAX
+    if over.any():
+        j = int(np.flatnonzero(over.any(axis=0))[0])
+        i = int(np.flatnonzero(over[:, j])[0])
+        raise PlyFormatError(
+            path,
+            f"{int(over[:, j].sum())} latent value(s) outside the float16 range (|x| > 65504), first at Gaussian "
+            f"{i} ({float(a[i, j]):g}); save with latent_dtype='float32' to keep them",
+            field=names[j],
+        )
+    return a.astype(np.float16).view(np.uint16)
+
+
+def save_ply(path: PathLike, gaussians: Gaussians, mask: Optional[Union[torch.Tensor, np.ndarray]] = None, *,
+             latent_dtype: str = "float16") -> Path:
     """Write ``gaussians`` (or the ``mask``-selected subset) as a binary little-endian 3DGS PLY.
 
     Args:
         path: output file, replaced atomically (parent folders are created).
         gaussians: the scene, on any device.
         mask: optional bool [N]; only Gaussians where it is True are written.
+        latent_dtype: "float16" (default: ``sem_*`` as ``ushort`` float16 bit patterns plus the
+            header comment ``rh3dgs sem_dtype float16``, see the module doc) or "float32".
 
     Returns ``Path(path)``. Layout and order: see the module doc and
     :func:`ply_field_names`. ``extra`` tensors must be [N]; bool is written as uint8,
@@ -331,11 +442,14 @@ def save_ply(path: PathLike, gaussians: Gaussians, mask: Optional[Union[torch.Te
 
     Raises :class:`NonFiniteError` (before touching ``path``) if a standard field or the
     latents hold NaN / Inf - such a file would not load; select the finite Gaussians with
-    ``mask`` instead. Raises :class:`ShapeError` for a wrong-sized ``mask`` / extra.
+    ``mask`` instead. Raises :class:`PlyFormatError` naming the ``sem_*`` property (also
+    before touching ``path``) if ``latent_dtype="float16"`` and a latent has |x| > 65504.
+    Raises :class:`ShapeError` for a wrong-sized ``mask`` / extra.
     """
     from plyfile import PlyData, PlyElement
 
     path = Path(path)
+    latent_dtype = _latent_dtype(latent_dtype)
     g = gaussians
     n_all = len(g)
     if mask is not None:
@@ -368,6 +482,8 @@ def save_ply(path: PathLike, gaussians: Gaussians, mask: Optional[Union[torch.Te
                 f"save_ply({path}): property '{names[j]}' has {cnt} non-finite value(s) (NaN/Inf); "
                 f"the file would not load. Drop those Gaussians with mask=..."
             )
+        if names is sem_block[0] and latent_dtype == "float16":
+            a = _to_half_bits(path, names, a)
         for j, name in enumerate(names):
             columns[name] = a[:, j]
 
@@ -387,7 +503,8 @@ def save_ply(path: PathLike, gaussians: Gaussians, mask: Optional[Union[torch.Te
     arr = np.empty(n, dtype=dtype)
     for nm in order:
         arr[nm] = columns[nm]
-    ply = PlyData([PlyElement.describe(arr, "vertex")], text=False, byte_order="<")
+    comments = [SEM_DTYPE_COMMENT] if d and latent_dtype == "float16" else []
+    ply = PlyData([PlyElement.describe(arr, "vertex")], text=False, byte_order="<", comments=comments)
     with atomic_write(path, "wb") as f:
         ply.write(f)
     return path

@@ -55,6 +55,8 @@ class Rh3dgsDataManager(FullImageDatamanager[InputDataset]):
         super().__init__(config, device, *args, **kwargs)
         self._teacher_files: Dict[str, List[Path]] = {}
         self._teacher_native: Dict[Tuple[str, int], torch.Tensor] = {}
+        self.with_teacher = True
+        """False (set by the pipeline for a model with ``semantics=False``): batches carry no teacher map."""
 
     # ------------------------------------------------------------------ teacher
     @property
@@ -109,6 +111,8 @@ class Rh3dgsDataManager(FullImageDatamanager[InputDataset]):
         return [self.teacher_map(split, i) for i in range(len(self._dataset(split)))]
 
     def _with_teacher(self, split: str, idx: int, data: Dict) -> Dict:
+        if not self.with_teacher:
+            return data
         img = data["image"]
         size = (int(img.shape[0]), int(img.shape[1])) if self.config.teacher_at_image_size else None
         data["teacher"] = self.teacher_map(split, idx, size).to(self.device)

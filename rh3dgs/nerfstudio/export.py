@@ -271,8 +271,12 @@ def load_nerfstudio_scene(
 
 
 def export_semantic_ply(config_yml: PathLike, out_path: PathLike, frame: Literal["data", "nerfstudio"] = "data",
-                        step: Optional[int] = None, trust_checkpoint: bool = False) -> Path:
+                        step: Optional[int] = None, trust_checkpoint: bool = False,
+                        latent_dtype: str = "float16") -> Path:
     """Write the run's Gaussians as a standard 3DGS PLY with ``sem_*`` latent fields; returns the path.
+
+    The latents are stored as float16 by default (``latent_dtype``: "float16" or "float32",
+    see :mod:`rh3dgs.io.ply`; float16 refuses latents with |x| > 65504).
 
     The decoder is not a per-Gaussian field: it is written beside the PLY as
     ``<out>.decoder.npy`` ([D, d] float32).
@@ -282,6 +286,6 @@ def export_semantic_ply(config_yml: PathLike, out_path: PathLike, frame: Literal
     from ..io.ply import save_ply
 
     gaussians, decoder, _, _ = load_nerfstudio_scene(config_yml, "cpu", frame, step, trust_checkpoint)
-    out = save_ply(out_path, gaussians)
+    out = save_ply(out_path, gaussians, latent_dtype=latent_dtype)
     np.save(str(Path(out).with_suffix(".decoder.npy")), decoder.numpy().astype(np.float32))
     return Path(out)

@@ -20,6 +20,9 @@ A subclass of nerfstudio's :class:`SplatfactoModel`; what it changes:
 * CPU safety: no ``.cuda()``; LPIPS is built lazily and only when its AlexNet weights are
   available locally (``lpips="auto"``), and kept out of the state dict; the viewer path
   never calls splatfacto's ``torch.compile``-d ``get_viewmat``.
+* ``semantics=False``: none of the above semantic parts (no latents, no decoder in the
+  optimizers, no teacher maps, RGB-only render, splatfacto's losses and metrics): splatfacto
+  on rh3dgs's rasterizer, the CPU baseline of ``benchmarks/bench_nstrain.py``.
 """
 from __future__ import annotations
 
@@ -108,6 +111,9 @@ class Rh3dgsModelConfig(SplatfactoModelConfig):
     """Splatfacto + Rh-3DGS semantic distillation (VCD + VFM + LIC)."""
 
     _target: Type = field(default_factory=lambda: Rh3dgsModel)
+    semantics: bool = True
+    """False: plain splatfacto on rh3dgs's rasterization path - no latents, decoder, teacher maps,
+    semantic losses or metrics (lambda_sem, lambda_con, latent_dim... are then ignored)."""
     use_absgrad: bool = False
     """The rh3dgs rasterization path provides the plain means2d gradient (no absgrad)."""
     densify_grad_thresh: float = 0.0002
@@ -204,11 +210,11 @@ class Rh3dgsModel(SplatfactoModel):
             features_dc = Parameter(torch.rand(n, 3, generator=gen))
             features_rest = Parameter(torch.zeros((n, dim_sh - 1, 3)))
         opacities = Parameter(torch.logit(0.1 * torch.ones(n, 1)))
-        latents = Parameter(torch.randn(n, cfg.latent_dim, generator=gen) * cfg.latent_init_std)
-        self.gauss_params = torch.nn.ParameterDict(
-            {"means": means, "scales": scales, "quats": quats, "features_dc": features_dc,
-             "features_rest": features_rest, "opacities": opacities, "latents": latents}
-        )
+        params = {"means": means, "scales": scales, "quats": quats, "features_dc": features_dc,
+                  "features_rest": features_rest, "opacities": opacities}
+        if cfg.semantics:
+            params["latents"] = Parameter(torch.randn(n, cfg.latent_dim, generator=gen) * cfg.latent_init_std)
+        self.gauss_params = torch.nn.ParameterDict(params)
         # decoder [D, d]; D is only known from the teacher: a placeholder until
         # initialize_semantics() (or load_state_dict) sets the real one.
         teacher_dim = int((self.kwargs.get("metadata") or {}).get("rh3dgs_teacher_dim", cfg.latent_dim))
@@ -366,12 +372,14 @@ class Rh3dgsModel(SplatfactoModel):
 
     def get_gaussian_param_groups(self) -> Dict[str, List[Parameter]]:
         groups = super().get_gaussian_param_groups()
-        groups["latents"] = [self.gauss_params["latents"]]
+        if self.config.semantics:
+            groups["latents"] = [self.gauss_params["latents"]]
         return groups
 
     def get_param_groups(self) -> Dict[str, List[Parameter]]:
         groups = super().get_param_groups()
-        groups["decoder"] = [self.decoder]
+        if self.config.semantics:
+            groups["decoder"] = [self.decoder]
         return groups
 
     # ------------------------------------------------------------------ rendering
@@ -390,11 +398,12 @@ class Rh3dgsModel(SplatfactoModel):
             sh0 = RGB2SH(torch.sigmoid(p["features_dc"]))[:, None, :]
             shN = p["features_dc"].new_zeros(p["features_dc"].shape[0], 0, 3)
         return Gaussians(means=p["means"], scales=p["scales"], quats=p["quats"], opacities=p["opacities"].squeeze(-1),
-                         sh0=sh0, shN=shN, latents=p["latents"])
+                         sh0=sh0, shN=shN, latents=p.get("latents"))
 
     def _empty(self, W: int, H: int, background: Tensor) -> Dict[str, Tensor]:
         out = self.get_empty_outputs(W, H, background)
-        out["latents"] = background.new_zeros(H, W, self.config.latent_dim)
+        if self.config.semantics:
+            out["latents"] = background.new_zeros(H, W, self.config.latent_dim)
         return out
 
     def get_outputs(self, camera: NSCameras) -> Dict[str, Union[Tensor, List]]:
@@ -425,7 +434,8 @@ class Rh3dgsModel(SplatfactoModel):
 
         cams = Cameras(viewmats=viewmat_from_c2w(c2w.to(self.device).float()), Ks=K.float(), width=W, height=H)
         g = self.gaussians_for_render(crop_ids)
-        res = render(g, cams, g.latents, rgb=True)  # ONE call: RGB + latents + A, D1, D2
+        sem = self.config.semantics
+        res = render(g, cams, g.latents if sem else None, rgb=True)  # ONE call: RGB + latents + A, D1, D2
         means2d = res.projection.means2d
         self.info = {"means2d": means2d, "radii": res.radii, "width": W, "height": H, "n_cameras": 1,
                      "gaussian_ids": None, "depths": res.projection.depths}
@@ -448,11 +458,12 @@ class Rh3dgsModel(SplatfactoModel):
             "depth": depth,
             "accumulation": alpha.squeeze(0),
             "background": background,
-            "latents": res.features.squeeze(0),  # [H, W, d]
             "depth_m1": res.d1.squeeze(0)[..., None],
             "depth_m2": res.d2.squeeze(0)[..., None],
         }
-        if not self.training:
+        if sem:
+            out["latents"] = res.features.squeeze(0)  # [H, W, d]
+        if sem and not self.training:
             out["semantics"] = self.semantic_colors(out["latents"])
             # viewer: relevancy_<i> and composited while a text query is set (empty otherwise)
             out.update(self.text_query.outputs(out, g, cams, crop_ids))
@@ -549,7 +560,8 @@ class Rh3dgsModel(SplatfactoModel):
         if cfg.check_params_every <= 0 or self.step % cfg.check_params_every != 0:
             return
         params = dict(self.gauss_params.items())
-        params["decoder"] = self.decoder
+        if cfg.semantics:
+            params["decoder"] = self.decoder
         for name, p in params.items():
             if not torch.isfinite(p).all():
                 raise NonFiniteError(
@@ -594,7 +606,7 @@ class Rh3dgsModel(SplatfactoModel):
             pred = lat @ self.decoder.T
             l_vfm, parts = vfm_loss(pred, teacher, w, max(0, self.step - cfg.semantic_start_step), cfg.vfm)
             loss_dict["vfm_loss"] = lam * l_vfm
-        if cfg.lambda_con > 0 and self.training and self.step >= cfg.lic.warmup_steps:
+        if cfg.semantics and cfg.lambda_con > 0 and self.training and self.step >= cfg.lic.warmup_steps:
             loss_dict["lic_loss"] = cfg.lambda_con * self.lic_loss(self.latents, self.step, means=self.means.detach())
         return loss_dict
 

@@ -3,7 +3,8 @@
 After the datamanager and the model are built (training only, ``test_mode == "val"``), the
 model's decoder (and with ``decoder_init="lift"`` its latents) is initialised from the
 teacher maps of the training views. Loading a run (viewer, ns-eval, export) skips this:
-the checkpoint holds the trained values and the teacher is not needed.
+the checkpoint holds the trained values and the teacher is not needed. With the model's
+``semantics=False`` the datamanager hands out no teacher maps at all.
 """
 from __future__ import annotations
 
@@ -41,7 +42,10 @@ class Rh3dgsPipeline(VanillaPipeline):
                  world_size: int = 1, local_rank: int = 0, grad_scaler: Optional[torch.cuda.amp.GradScaler] = None):
         super().__init__(config, device, test_mode=test_mode, world_size=world_size, local_rank=local_rank,
                          grad_scaler=grad_scaler)
-        if test_mode == "val" and hasattr(self.model, "initialize_semantics"):
+        if not getattr(self.model.config, "semantics", True):
+            if hasattr(self.datamanager, "with_teacher"):
+                self.datamanager.with_teacher = False  # plain splatfacto: the teacher is never run
+        elif test_mode == "val" and hasattr(self.model, "initialize_semantics"):
             dm = self.datamanager
             maps = dm.teacher_maps("train")
             cams = None

@@ -16,6 +16,16 @@ manifest. An entry is used only when its file exists and matches the recorded
 checksum; anything else (truncated / corrupt file, file without manifest record after
 a crash) is recomputed. The manifest is rewritten atomically (merged with what is on
 disk, so concurrent runs lose at most some records, which are then recomputed).
+
+Data-parallel extraction (``extract_features(..., distributed=True)`` inside an initialised
+``torch.distributed`` process group, e.g. ``torchrun --nproc_per_node=K -m rh3dgs.cli extract``):
+the ranks hash the images and verify the cached entries in shards, agree on the list of
+missing entries, and rank ``r`` computes ``missing[r::K]`` - distinct entries, so no file is
+ever written by two ranks. The shared ``manifest.json`` is written by rank 0 only, after a
+barrier; while working, rank ``r`` journals its new records in its own
+``manifest.rank<r>.json`` (atomic, periodic), which readers merge into the manifest, so a
+killed distributed run keeps what it computed. Rank 0 folds the journals into the manifest
+and deletes them at the end.
 """
 from __future__ import annotations
 
@@ -39,6 +49,7 @@ from .base import Teacher, upsample_features
 __all__ = ["extract_features", "load_cached", "teacher_cache_dir", "file_sha256", "MANIFEST_NAME"]
 
 MANIFEST_NAME = "manifest.json"
+_PART_GLOB = "manifest.rank*.json"  # per-rank journals of a distributed run
 _FORMAT = 1
 _MANIFEST_EVERY_S = 5.0
 
@@ -61,8 +72,7 @@ def teacher_cache_dir(teacher: Teacher, cache_dir: PathLike) -> Path:
     return Path(cache_dir) / f"{safe}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
-def _read_manifest(folder: Path, key: str) -> Dict[str, Dict[str, Any]]:
-    path = folder / MANIFEST_NAME
+def _read_records(path: Path, key: str) -> Dict[str, Dict[str, Any]]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, UnicodeDecodeError):
@@ -75,14 +85,38 @@ def _read_manifest(folder: Path, key: str) -> Dict[str, Dict[str, Any]]:
     return {k: v for k, v in entries.items() if isinstance(v, dict)}
 
 
-def _write_manifest(folder: Path, teacher: Teacher, entries: Dict[str, Dict[str, Any]]) -> None:
-    key = teacher.cache_key()
-    merged = _read_manifest(folder, key)
-    merged.update(entries)
+def _part_files(folder: Path) -> List[Path]:
+    return sorted(folder.glob(_PART_GLOB))
+
+
+def _read_manifest(folder: Path, key: str) -> Dict[str, Dict[str, Any]]:
+    """The manifest's records merged with those of distributed runs' per-rank journals."""
+    records = _read_records(folder / MANIFEST_NAME, key)
+    for part in _part_files(folder):
+        records.update(_read_records(part, key))
+    return records
+
+
+def _manifest_payload(teacher: Teacher, entries: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
     settings = teacher.settings() if hasattr(teacher, "settings") else {}
-    atomic_save_json(folder / MANIFEST_NAME, {"format": _FORMAT, "teacher_key": key, "teacher": teacher.name,
-                                              "dim": teacher.dim, "settings": settings,
-                                              "entries": dict(sorted(merged.items()))})
+    return {"format": _FORMAT, "teacher_key": teacher.cache_key(), "teacher": teacher.name, "dim": teacher.dim,
+            "settings": settings, "entries": dict(sorted(entries.items()))}
+
+
+def _write_manifest(folder: Path, teacher: Teacher, entries: Dict[str, Dict[str, Any]],
+                    absorb_parts: bool = False) -> None:
+    """Merge ``entries`` into the manifest on disk (atomic rewrite). With ``absorb_parts``, the
+    per-rank journals merged into it are deleted afterwards (only when no distributed run writes)."""
+    parts = _part_files(folder) if absorb_parts else []
+    merged = _read_manifest(folder, teacher.cache_key())
+    merged.update(entries)
+    atomic_save_json(folder / MANIFEST_NAME, _manifest_payload(teacher, merged))
+    for part in parts:
+        part.unlink(missing_ok=True)
+
+
+def _part_path(folder: Path, rank: int) -> Path:
+    return folder / f"manifest.rank{rank}.json"
 
 
 def _entry_valid(folder: Path, record: Optional[Dict[str, Any]], entry: str) -> bool:
@@ -117,8 +151,33 @@ def _encode_entry(fmap: torch.Tensor, image: Path, dim: int) -> Tuple[bytes, Tup
     return buf.getvalue(), arr.shape
 
 
+def _dist_rank_world() -> Tuple[int, int]:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("extract_features(distributed=True) needs an initialised torch.distributed process "
+                           "group (see rh3dgs.distributed.process_group_from_env)")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _map_sharded(fn, items: Sequence[Any], rank: int, world: int) -> List[Any]:
+    """``[fn(x) for x in items]``, rank ``r`` computing ``items[r::world]`` (collective when world > 1)."""
+    if world == 1:
+        return [fn(x) for x in items]
+    import torch.distributed as dist
+
+    mine = [fn(x) for x in items[rank::world]]
+    shards: List[Any] = [None] * world
+    dist.all_gather_object(shards, mine)
+    out: List[Any] = [None] * len(items)
+    for r, shard in enumerate(shards):
+        out[r::world] = shard
+    return out
+
+
 def extract_features(teacher: Teacher, image_paths: Sequence[PathLike], cache_dir: PathLike,
-                     progress: bool = True, *, stats: Optional[Dict[str, int]] = None) -> List[Path]:
+                     progress: bool = True, *, stats: Optional[Dict[str, Any]] = None,
+                     distributed: bool = False) -> List[Path]:
     """Compute (or reuse) the teacher's feature map of every image; returns one ``.npy`` path per image.
 
     Args:
@@ -126,9 +185,13 @@ def extract_features(teacher: Teacher, image_paths: Sequence[PathLike], cache_di
             once per missing entry).
         image_paths: image files, in the order of the returned list.
         cache_dir: root folder of the cache (created if missing).
-        progress: show a progress bar (:func:`rh3dgs.progress.track`).
+        progress: show a progress bar (:func:`rh3dgs.progress.track`; rank 0 only when distributed).
         stats: optional dict filled with ``computed``, ``reused``, ``invalid`` (entries
-            found corrupt / unrecorded and recomputed) and ``images``.
+            found corrupt / unrecorded and recomputed) and ``images``; when distributed these
+            are totals over the ranks, plus ``world_size``, ``rank`` and ``computed_by_rank``.
+        distributed: shard the work over the ranks of the initialised default
+            ``torch.distributed`` process group (see the module docstring). Collective: every
+            rank must call it with the same arguments; every rank gets the full list of paths.
 
     Only entries that are missing or fail their checksum are computed. Load the results
     with :func:`load_cached`.
@@ -137,43 +200,69 @@ def extract_features(teacher: Teacher, image_paths: Sequence[PathLike], cache_di
     for p in images:
         if not p.is_file():
             raise InputFileError(p, "image file not found")
+    rank, world = _dist_rank_world() if distributed else (0, 1)
     folder = teacher_cache_dir(teacher, cache_dir)
     folder.mkdir(parents=True, exist_ok=True)
     key = teacher.cache_key()
-    manifest = _read_manifest(folder, key)
+    manifest = _read_manifest(folder, key)  # distributed: nothing is written before the plan is agreed
 
-    entries = [_entry_key(teacher, p) for p in images]
+    entries = _map_sharded(lambda p: _entry_key(teacher, p), images, rank, world)
     first_image: Dict[str, Path] = {}
     for e, p in zip(entries, images):
         first_image.setdefault(e, p)
 
+    unique = list(first_image)
+    valid = _map_sharded(lambda e: _entry_valid(folder, manifest.get(e), e), unique, rank, world)
     todo: List[str] = []
     invalid = 0
-    for e in first_image:
-        if _entry_valid(folder, manifest.get(e), e):
+    for e, ok in zip(unique, valid):
+        if ok:
             continue
         if e in manifest or (folder / f"{e}.npy").exists():
             invalid += 1
         todo.append(e)
+    mine = todo[rank::world]  # identical `todo` on every rank: disjoint shards
+
+    # a journal left by a killed run under the same rank number is carried over, not overwritten
+    carried = _read_records(_part_path(folder, rank), key) if world > 1 else {}
+
+    def journal(records: Dict[str, Dict[str, Any]], final: bool = False) -> None:
+        if world == 1:
+            _write_manifest(folder, teacher, records, absorb_parts=final)
+        else:  # only this rank writes its journal
+            atomic_save_json(_part_path(folder, rank), _manifest_payload(teacher, {**carried, **records}))
 
     new_records: Dict[str, Dict[str, Any]] = {}
     last_write = time.monotonic()
+    desc = f"{teacher.name} features" + (f" (rank 0 of {world})" if world > 1 else "")
     try:
-        for e in track(todo, description=f"{teacher.name} features", total=len(todo), disable=not progress):
+        for e in track(mine, description=desc, total=len(mine), disable=not progress or rank != 0):
             image = first_image[e]
             data, shape = _encode_entry(teacher.features_for_path(image), image, teacher.dim)
             atomic_save_bytes(folder / f"{e}.npy", data)
             new_records[e] = {"file": f"{e}.npy", "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data),
                               "shape": list(shape), "dtype": "float16", "source": str(image)}
             if time.monotonic() - last_write > _MANIFEST_EVERY_S:
-                _write_manifest(folder, teacher, new_records)
+                journal(new_records)
                 last_write = time.monotonic()
     finally:
         if new_records:
-            _write_manifest(folder, teacher, new_records)
+            journal(new_records, final=True)
+
+    computed_by_rank = [len(mine)]
+    if world > 1:
+        import torch.distributed as dist
+
+        computed_by_rank = [0] * world
+        dist.all_gather_object(computed_by_rank, len(mine))  # also the barrier: every journal is written
+        if rank == 0 and (any(computed_by_rank) or _part_files(folder)):
+            _write_manifest(folder, teacher, {}, absorb_parts=True)
+        dist.barrier()  # the manifest is complete before any rank returns
 
     if stats is not None:
-        stats.update(images=len(images), computed=len(todo), reused=len(first_image) - len(todo), invalid=invalid)
+        stats.update(images=len(images), computed=len(todo), reused=len(unique) - len(todo), invalid=invalid)
+        if world > 1:
+            stats.update(world_size=world, rank=rank, computed_by_rank=computed_by_rank)
     return [folder / f"{e}.npy" for e in entries]
 
 

@@ -1,0 +1,59 @@
+"""benchmarks/bench_nstrain.py: its measurement function for a handful of iterations of both methods,
+and the ``semantics=False`` model it uses as the CPU splatfacto baseline."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("nerfstudio")
+pytest.importorskip("gsplat")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import bench_nstrain  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return bench_nstrain.make_data(tmp_path_factory.mktemp("nstrain") / "data", views=10, size=32)
+
+
+def test_measure_training_both_methods(data, tmp_path):
+    base = bench_nstrain.measure_training("splatfacto", data, iters=4, warmup=1, device="cpu", out=tmp_path / "a")
+    ours = bench_nstrain.measure_training("rh3dgs", data, iters=4, warmup=1, device="cpu", out=tmp_path / "b")
+    for r in (base, ours):
+        assert r["iters"] == 4 and 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"] and r["mean_ms"] > 0
+        assert r["cpu_mean_ms"] > 0 and r["peak_rss_mb"] > 0 and r["gaussians_start"] > 100
+    assert base["gaussians_start"] == ours["gaussians_start"]  # the same seed points
+    assert base["label"] == "splatfacto (CPU port: rh3dgs model, semantics off)"
+    # the baseline optimises exactly splatfacto's parameter groups; rh3dgs adds latents and decoder
+    assert not {"latents", "decoder"} & set(base["param_groups"])
+    assert set(ours["param_groups"]) == set(base["param_groups"]) | {"latents", "decoder"}
+    with pytest.raises(ValueError):
+        bench_nstrain.measure_training("nope", data, iters=2, warmup=1)
+
+
+def test_semantics_off_model_is_plain_splatfacto(data, tmp_path):
+    from nerfstudio.engine.optimizers import Optimizers
+
+    c = bench_nstrain.method_config("splatfacto", data, tmp_path, "cpu", iters=5)
+    with bench_nstrain._setup_shims(cuda=False):
+        pipe = c.pipeline.setup(device="cpu", test_mode="val")
+    m = pipe.model
+    assert "latents" not in m.gauss_params and not pipe.datamanager.with_teacher
+    assert not (tmp_path / "teacher_cache").exists()  # the teacher never ran
+    opt = Optimizers(c.optimizers, pipe.get_param_groups())
+    m.optimizers = opt.optimizers
+    m.train()
+    cam, batch = pipe.datamanager.next_train(0)
+    assert "teacher" not in batch
+    out = m(cam)
+    assert "latents" not in out and out["rgb"].shape[-1] == 3
+    assert set(m.get_loss_dict(out, batch, m.get_metrics_dict(out, batch))) == {"main_loss", "scale_reg"}
+    m.eval()
+    cam, batch = pipe.datamanager.fixed_indices_eval_dataloader[0]
+    out = m.get_outputs_for_camera(cam)
+    assert "semantics" not in out
+    metrics, _ = m.get_image_metrics_and_images(out, batch)
+    assert "psnr" in metrics and "sem_cos" not in metrics
