@@ -39,11 +39,28 @@ TORCH_LIBRARY(rh3dgs, m) {
   //   mode 1 (IRLS):  theta = d(mu_i, z), omega = w * min(1, delta / theta),
   //                   acc_w[i] += omega, acc_v[i] += omega Log_{mu_i}(z(u))
   // Gaussians are indexed modulo N (flatten_ids % N), mu [N,D].
-  // Returns acc_w [N], acc_v [N,D], and the sum of w over contributions acc_raw [N].
+  // Returns acc_w [N], acc_v [N,D], and acc_raw [N] = sum of alpha_i(u) * pixel_weights(u) over the
+  // same contributions (no transmittance): acc_w / acc_raw (init) is the Gaussian's mean transmittance
+  // where it composites onto weighted pixels.
   m.def(
       "aggregate_sphere(Tensor means2d, Tensor conics, Tensor opacities, Tensor pixel_feats, "
       "Tensor pixel_weights, Tensor mu, float delta, int mode, int num_gaussians, int tile_size, "
       "Tensor isect_offsets, Tensor flatten_ids) -> (Tensor, Tensor, Tensor)");
+  // aggregate_sphere in mode 0 (init) that also records every contribution it visits, in the order
+  // each thread visits them (CPU kernel): returns acc_w, acc_v, acc_raw, then per thread list the
+  // offsets seg_offsets [T+1] int64 into segments [S,3] int32 (Gaussian, first pixel's flat index
+  // into [B,H,W], count) and pair_offsets [T+1] int64 into lanes [P] uint8 (pixel = first + lane),
+  // weights [P] (alpha T pixel_weight) and masses [P] (alpha pixel_weight).
+  m.def(
+      "aggregate_sphere_record(Tensor means2d, Tensor conics, Tensor opacities, Tensor pixel_feats, "
+      "Tensor pixel_weights, int num_gaussians, int tile_size, Tensor isect_offsets, Tensor flatten_ids) "
+      "-> Tensor[]");
+  // aggregate_sphere over recorded contributions instead of a traversal (same pixel_feats, any mu):
+  // bit-identical to aggregate_sphere on the recorded views with the recording's thread count.
+  m.def(
+      "aggregate_sphere_replay(Tensor seg_offsets, Tensor pair_offsets, Tensor segments, Tensor lanes, "
+      "Tensor weights, Tensor masses, Tensor pixel_feats, Tensor mu, float delta, int mode) "
+      "-> (Tensor, Tensor, Tensor)");
   // Relevancy of latent rows f [P, d] for folded queries pos [Q, d] against folded negatives
   // neg [J, d], with R [r, d] (R^T R = decoder^T decoder, so |decoder f| = |R f|):
   //   rel[p, q] = sigmoid(tau (cos(q, f) - max_j cos(neg_j, f))), cos(x, f) = <x, f> / |R f|.

@@ -13,7 +13,10 @@ the cache), so memory is O(N D + views_per_batch H W D); nothing is O(N x views)
 
 Caching across passes (the IRLS passes see the same projections, pixel weights and maps):
   * full: every view's projection, weights and maps (``cache_projections``; by default when
-    that fits in ~2 GB, i.e. small scenes);
+    that fits in ~2 GB, i.e. small scenes). On CPU the initial pass also records the (pixel,
+    Gaussian) contributions it visits (``aggregate_sphere(record=True)``, ~13 bytes each, up to
+    ~1 GB) and the IRLS passes replay them (``aggregate_sphere_replay``): the same sums, bit for
+    bit, without compositing the views again, so an IRLS pass costs only its D-dimensional work;
   * compact (``compact_cache``; by default when the full cache does not fit and there are
     IRLS passes): per view only the Gaussians that can matter - those that composite onto a
     pixel of weight > 0 (contributors), plus those that *end* such a pixel (alpha >= 1/255 where
@@ -46,7 +49,7 @@ from torch import Tensor
 from .cameras import Cameras
 from .errors import ConfigError, NonFiniteError, ShapeError
 from .gaussians import Gaussians
-from .ops import aggregate_sphere
+from .ops import Contributions, aggregate_sphere, aggregate_sphere_replay
 from .progress import track
 from .render import Projection, render
 from .vcd import VCDConfig, reliability_weights
@@ -82,6 +85,12 @@ class LiftConfig:
     """Pixels with accumulated opacity below this get weight 0 (background / holes)."""
     min_weight: float = 1e-6
     """Gaussians whose total contribution weight is below this are marked invalid."""
+    min_visibility: float = 0.01
+    """Gaussians whose mean transmittance where they composite, sum alpha T w_bar / sum alpha w_bar
+    over all their (view, pixel) contributions, is below this are marked invalid: the views see them
+    only through the surfaces in front (the floor under an object, the far side of a closed surface),
+    so every sample they get is the occluder's feature and their lifted feature would be the
+    occluder's. 0 keeps every Gaussian with weight >= min_weight."""
     views_per_batch: int = 8
     """Views rendered and aggregated together (memory: views_per_batch * H * W * D floats)."""
     latent_dim: int = 16
@@ -94,6 +103,10 @@ class LiftConfig:
     weight > 0 (with their projection, the pixel weights and, if they fit, the teacher map as given
     or upsampled, whichever is smaller) within ~2 GB; exact (see the module doc). None: when there
     are IRLS passes (method robust / karcher, iters > 0); False: recompute every view in every pass."""
+    record_contributions: Optional[bool] = None
+    """With the full cache on CPU: record the initial pass's (pixel, Gaussian) contributions (~13 bytes
+    each, up to ~1 GB) and replay them in the IRLS passes instead of compositing again (the same sums,
+    bit for bit). None: whenever possible; False: composite in every pass."""
     max_batch_gaussians: int = 4_000_000
     """Upper bound on views x Gaussians projected together: views_per_batch is lowered for scenes
     of more than max_batch_gaussians / views_per_batch Gaussians (the CPU projection holds
@@ -102,6 +115,8 @@ class LiftConfig:
     def __post_init__(self) -> None:
         if self.method not in ("robust", "karcher", "euclidean"):
             raise ConfigError(f"LiftConfig.method must be 'robust', 'karcher' or 'euclidean', got {self.method!r}")
+        if not 0.0 <= self.min_visibility <= 1.0:
+            raise ConfigError(f"LiftConfig.min_visibility must be in [0, 1], got {self.min_visibility}")
         if not self.delta > 0:
             raise ConfigError(f"LiftConfig.delta must be > 0 radians, got {self.delta}")
         if self.iters < 0 or self.views_per_batch < 1 or self.max_batch_gaussians < 1:
@@ -114,7 +129,8 @@ class LiftResult:
 
     features: [N, D] unit lifted features (zero rows where ``valid`` is False).
     weight:   [N] total compositing weight sum_{v,u} alpha T w_bar received.
-    valid:    [N] bool, weight >= min_weight.
+    visibility: [N] mean transmittance where the Gaussian composites, weight / sum_{v,u} alpha w_bar.
+    valid:    [N] bool, weight >= min_weight and visibility >= min_visibility.
     latents:  [N, d] PCA coordinates (None if latent_dim = 0).
     decoder:  [D, d] linear decoder (orthonormal columns): z_hat = normalize(decoder @ f).
     info:     passes, per-pass step-angle quantile, timings.
@@ -122,6 +138,7 @@ class LiftResult:
 
     features: Tensor
     weight: Tensor
+    visibility: Tensor
     valid: Tensor
     latents: Optional[Tensor]
     decoder: Optional[Tensor]
@@ -145,12 +162,14 @@ def _prepare_map(m: Tensor, i: int, H: int, W: int) -> Tensor:
     if not torch.isfinite(m).all():  # checked before upsampling: bilinear weights keep values finite
         raise NonFiniteError(f"teacher map of view {i} contains NaN / Inf")
     if m.shape[:2] != (H, W):
-        m = torch.nn.functional.interpolate(m.permute(2, 0, 1)[None], size=(H, W), mode="bilinear",
-                                            align_corners=False)[0].permute(1, 2, 0).contiguous()
+        # channels-last in and out: the [H, W, D] result needs no permuting copy
+        x = m.permute(2, 0, 1)[None].contiguous(memory_format=torch.channels_last)
+        m = torch.nn.functional.interpolate(x, size=(H, W), mode="bilinear", align_corners=False)[0].permute(1, 2, 0)
+        m = m.contiguous()  # a view of channels-last memory: no copy
     else:
         m = m.clone()  # normalised in place below; the caller's map stays as it was
     n = torch.linalg.vector_norm(m, dim=-1, keepdim=True)
-    return m.div_(n.clamp_min(1e-8)).mul_(n > 1e-8)  # unit rows, zero rows stay zero
+    return m.mul_(torch.where(n > 1e-8, 1.0 / n.clamp_min(1e-8), 0.0))  # unit rows, zero rows stay zero
 
 
 _CACHE_BYTES = 2e9  # budget of the caches across passes
@@ -275,6 +294,11 @@ def lift(
     irls = cfg.method != "euclidean" and cfg.iters > 0
     compact = (not cache) and (irls if cfg.compact_cache is None else cfg.compact_cache)
     cached: Dict[int, tuple] = {}
+    # full cache on CPU: the contributions the initial pass visits, per chunk, replayed by the IRLS
+    # passes instead of compositing the views again (bit-identical sums; ~13 bytes per contribution)
+    recorded: Dict[int, Contributions] = {}
+    record = cache and irls and dev.type == "cpu" and cfg.record_contributions is not False
+    recorded_bytes = 0
     compacts: Dict[int, List[_CompactView]] = {}
     cached_bytes = 0
     kept: List[int] = []
@@ -331,6 +355,7 @@ def lift(
         cached_bytes += nb
 
     def one_pass(mode: str, mu: Optional[Tensor], delta: float, desc: str):
+        nonlocal recorded_bytes
         acc: List[Tensor] = []
 
         def add(a, gids: Optional[Tensor] = None) -> None:
@@ -356,6 +381,9 @@ def lift(
                                      delta=delta, mode=mode), gids)
 
         for ci in track(range(len(chunks)), description=desc, disable=not progress):
+            if ci in recorded:
+                add(aggregate_sphere_replay(recorded[ci], cached[ci][2], mu, delta, mode))
+                continue
             if ci in compacts:
                 views = compacts[ci]
                 add_compact(views, None if all(v.maps is not None for v in views) else get_maps(chunks[ci]))
@@ -366,6 +394,15 @@ def lift(
             if ci in compacts:  # aggregate from the compact views: the same per-view sums
                 del proj, w
                 add_compact(compacts[ci], maps)
+            elif record and mode == "init" and recorded_bytes < _CACHE_BYTES / 2:
+                *sums, contrib = aggregate_sphere(proj.means2d, proj.conics, proj.opacities, maps, w,
+                                                  proj.isect_offsets, proj.flatten_ids, proj.tile_size, mode=mode,
+                                                  record=True)
+                add(sums)
+                if recorded_bytes + contrib.nbytes() <= _CACHE_BYTES / 2:
+                    recorded[ci] = contrib
+                    recorded_bytes += contrib.nbytes()
+                del proj, w, contrib
             else:
                 add(aggregate_sphere(proj.means2d, proj.conics, proj.opacities, maps, w, proj.isect_offsets,
                                      proj.flatten_ids, proj.tile_size, mu=mu, delta=delta, mode=mode))
@@ -376,8 +413,9 @@ def lift(
             acc.extend([torch.zeros(N, device=dev), torch.zeros(N, D, device=dev), torch.zeros(N, device=dev)])
         return acc[0], acc[1], acc[2]
 
-    acc_w, acc_v, weight = one_pass("init", None, math.inf, "lift: initial mean")
-    valid = weight >= cfg.min_weight
+    weight, acc_v, mass = one_pass("init", None, math.inf, "lift: initial mean")
+    visibility = weight / mass.clamp_min(1e-30)
+    valid = (weight >= cfg.min_weight) & (visibility >= cfg.min_visibility)
     mu = torch.nn.functional.normalize(acc_v, dim=-1) * valid[:, None]
     steps: List[float] = []
     if cfg.method != "euclidean":
@@ -393,16 +431,19 @@ def lift(
             if q_step < cfg.tol:
                 break
     with_maps = sum(v.maps is not None for views in compacts.values() for v in views)
-    cached.clear(), compacts.clear(), raws.clear()  # before the PCA's N x D temporaries
+    recorded_keys = list(recorded)
+    cached.clear(), compacts.clear(), raws.clear(), recorded.clear()  # before the PCA's N x D temporaries
     latents = decoder = None
     if cfg.latent_dim > 0 and N > 0:
         decoder, latents = pca_decoder(mu, weight * valid, cfg.latent_dim)
     info = {"method": cfg.method, "use_vcd": cfg.use_vcd, "passes": 1 + len(steps), "step_quantile_per_pass": steps,
             "seconds": time.perf_counter() - t0, "views": B, "gaussians": N, "valid": int(valid.sum()),
-            "views_per_batch": per_batch, "cache": "full" if cache else ("compact" if compact else "none")}
+            "hidden": int(((weight >= cfg.min_weight) & ~valid).sum()),
+            "views_per_batch": per_batch, "cache": "full" if cache else ("compact" if compact else "none"),
+            "recorded_chunks": len(recorded_keys), "recorded_bytes": int(recorded_bytes)}
     if compact:
         info["compact_views"] = len(kept)
         info["compact_views_with_maps"] = with_maps
         info["compact_gaussians_per_view"] = float(sum(kept) / max(1, len(kept)))
         info["cache_bytes"] = int(cached_bytes)
-    return LiftResult(mu, weight, valid, latents, decoder, info)
+    return LiftResult(mu, weight, visibility, valid, latents, decoder, info)

@@ -11,6 +11,8 @@ Training-free lift (float32 unless noted), N Gaussians, V views of H x W, teache
                                                                        conics, depths, radii, ~4 tile ids)
 * one batch of teacher maps (upsampled)             b * H * W * D * 4
 * full cache across passes (when it fits in 2 GB)   V * (N * 56 + H * W * (D + 1) * 4)
+  + on CPU the recorded contributions (at most 1 GB) V * H * W * c * 13, c ~ 17 contributions per
+                                                     pixel measured on dense surfaces (20 assumed)
 * otherwise the compact cache (at most 2 GB)        V * (K * 32 + I * 4 + H * W * 4 + M)
   with K the Gaussians of a view that reach a pixel of weight > 0 (or end one), I their tile
   intersections and M the view's teacher map (as given, or upsampled if that is smaller; dropped
@@ -40,6 +42,7 @@ __all__ = ["MemoryEstimate", "lift_memory_estimate", "ply_bytes_per_gaussian"]
 
 
 _CACHE_BYTES = 2e9  # rh3dgs.lift's budget for the caches across passes
+_CONTRIBUTIONS_PER_PIXEL = 20  # assumed for the recorded contributions (17 measured on dense surfaces)
 
 
 @dataclass
@@ -78,7 +81,8 @@ def lift_memory_estimate(n: int, views: int, height: int, width: int, dim: int, 
         "batch_teacher_maps": b * height * width * dim * 4,
     }
     streaming = sum(detail.values())
-    cached = streaming + views * (n * 56 + height * width * (dim + 1) * 4)
+    recorded = min(_CACHE_BYTES / 2, views * height * width * _CONTRIBUTIONS_PER_PIXEL * 13)
+    cached = streaming + views * (n * 56 + height * width * (dim + 1) * 4) + int(recorded)
     compact = int(min(_CACHE_BYTES, views * (n * 36 + height * width * (dim + 1) * 4)))
     full = views * n * 40 + views * height * width * 4 * (1 + dim) < _CACHE_BYTES  # rh3dgs.lift's rule
     return MemoryEstimate(streaming, cached, detail, compact, full)

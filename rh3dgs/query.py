@@ -10,7 +10,7 @@ For a query embedding phi and canonical negatives phi_neg_j ("object", "things",
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence, Tuple
+from typing import Tuple
 
 import torch
 from torch import Tensor

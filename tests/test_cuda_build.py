@@ -1,7 +1,6 @@
 """Compile-only check of the CUDA sources, so a broken .cu is caught on machines without a GPU."""
 import shutil
 import subprocess
-import sys
 import sysconfig
 from pathlib import Path
 

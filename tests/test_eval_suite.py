@@ -1,8 +1,6 @@
 """Evaluation of semantic scene folders against ground truth, the synthetic suite and `rh3dgs eval`."""
 import argparse
 import json
-import math
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -1,6 +1,5 @@
 """The examples in examples/ run and produce what they say."""
 import runpy
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]

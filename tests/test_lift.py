@@ -91,10 +91,16 @@ def test_compact_cache_is_exact(use_vcd):
     """Per view, the compact set (contributors + the Gaussians that end a pixel) gives the very same sums."""
     gs, cams, maps = _dense_scene()
     kw = dict(iters=3, use_vcd=use_vcd, latent_dim=4)
-    full = lift(gs, cams, maps, LiftConfig(views_per_batch=1, cache_projections=True, **kw), progress=False)
+    full = lift(gs, cams, maps, LiftConfig(views_per_batch=1, cache_projections=True, record_contributions=False, **kw),
+                progress=False)
     comp = lift(gs, cams, maps, LiftConfig(views_per_batch=1, cache_projections=False, **kw), progress=False)
     assert full.info["cache"] == "full" and comp.info["cache"] == "compact"  # compact by default when not full
     assert comp.info["compact_views"] == len(cams)
+    # the full cache on CPU records the initial pass's contributions and the IRLS passes replay them:
+    # the very same sums
+    rec = lift(gs, cams, maps, LiftConfig(views_per_batch=1, cache_projections=True, **kw), progress=False)
+    assert rec.info["recorded_chunks"] == len(cams) and full.info["recorded_chunks"] == 0
+    assert torch.equal(rec.features, full.features) and torch.equal(rec.weight, full.weight)
     assert comp.info["compact_gaussians_per_view"] < 0.6 * len(gs)  # many Gaussians dropped per view
     # one view per batch: the per-view sums are added in the same order, so bit-identical
     assert torch.equal(full.features, comp.features) and torch.equal(full.weight, comp.weight)

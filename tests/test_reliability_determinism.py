@@ -10,7 +10,6 @@ thread schedule (see docs/reliability.md and docs/native.md).
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import subprocess
 import sys

@@ -35,12 +35,87 @@ namespace {
 template <int CT>
 struct SegmentSums {
   static constexpr int kV = (CT > 0 && CT % 16 == 0) ? CT / 16 : 0;
-  float raw = 0.0f, wsum = 0.0f, mu_coef = 0.0f;  // mu_coef: IRLS, sum of scale * cos
+  float raw = 0.0f, wsum = 0.0f, mu_coef = 0.0f;  // raw: sum of alpha * pixel weight; mu_coef: IRLS, sum of scale * cos
   vf16 v16[kV > 0 ? kV : 1] = {};
   float* v;  // generic path
   explicit SegmentSums(float* scratch, int64_t D) : v(scratch) {
     if constexpr (kV == 0) std::fill(v, v + D, 0.0f);
   }
+
+  // One contribution: weight w = alpha T pixel_weight, mass = alpha pixel_weight, unit feature z,
+  // current mean mi (IRLS). The traversal and the replay of recorded contributions both call
+  // this, so their sums are bit-identical.
+  template <int MODE>
+  inline void add(float w, float mass, const float* z, const float* mi, int64_t D, float fdelta, float* prod) {
+    raw += mass;
+    if constexpr (MODE == 0) {
+      wsum += w;
+      if constexpr (kV > 0) {
+        for (int u = 0; u < kV; ++u) v16[u] += w * load16(z + 16 * u);
+      } else {
+#pragma omp simd
+        for (int64_t d = 0; d < D; ++d) v[d] += w * z[d];
+      }
+      return;
+    }
+    float cosv;
+    if constexpr (kV > 0) {
+      vf16 dot{};
+      for (int u = 0; u < kV; ++u) dot += load16(mi + 16 * u) * load16(z + 16 * u);
+      cosv = hsum16(dot);
+    } else {
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) prod[d] = mi[d] * z[d];
+      cosv = tree_sum<CT>(prod, D);
+    }
+    cosv = std::max(-1.0f, std::min(1.0f, cosv));
+    // |z| = |mu| = 1: sin(theta) = sqrt(1 - cos^2). Its rounding near theta = 0 only
+    // perturbs theta / sin(theta) = 1 + O(theta^2), so the tangent step stays accurate.
+    const float sinv = std::sqrt(std::max(0.0f, 1.0f - cosv * cosv));
+    const float theta = atan2_pos(sinv, cosv);
+    const float omega = (theta > fdelta) ? w * fdelta / theta : w;
+    wsum += omega;
+    // theta / sin(theta) -> 1 as theta -> 0 (at the antipode z - cos mu = 0 anyway)
+    const float scale = (sinv > 1e-12f) ? omega * theta / sinv : omega;
+    // scale (z - cos mu): the mu part summed as a scalar, applied once per segment
+    mu_coef += scale * cosv;
+    if constexpr (kV > 0) {
+      for (int u = 0; u < kV; ++u) v16[u] += scale * load16(z + 16 * u);
+    } else {
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) v[d] += scale * z[d];
+    }
+  }
+
+  // The segment's sums into the buffers of Gaussian gi (IRLS: minus mu_coef mu first).
+  template <int MODE>
+  inline void flush(const float* mi, int64_t D, int64_t gi, float* acc_w, float* acc_raw, float* acc_v) {
+    if constexpr (MODE == 1) {
+      if constexpr (kV > 0) {
+        for (int u = 0; u < kV; ++u) v16[u] -= mu_coef * load16(mi + 16 * u);
+      } else {
+#pragma omp simd
+        for (int64_t d = 0; d < D; ++d) v[d] -= mu_coef * mi[d];
+      }
+    }
+    acc_raw[gi] += raw;
+    acc_w[gi] += wsum;
+    float* out = acc_v + gi * D;
+    if constexpr (kV > 0) {
+      for (int u = 0; u < kV; ++u) store16(out + 16 * u, load16(out + 16 * u) + v16[u]);
+    } else {
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) out[d] += v[d];
+    }
+  }
+};
+
+// Contributions recorded by one thread of an init pass, in its traversal order: per row segment
+// (gid, first pixel's flat index, count), per contribution the pixel's lane in the row, w and mass.
+struct ThreadRecord {
+  std::vector<int32_t> seg;
+  std::vector<uint8_t> lane;
+  std::vector<float> w, mass;
 };
 
 // One aggregation pass over the tiles of B views (mode 0: init, 1: IRLS step).
@@ -49,13 +124,17 @@ void aggregate_tiles(int64_t B, int64_t NB, int64_t H, int64_t W, int64_t D_rt, 
                      int64_t tile_size, int64_t n_isects, const PackedGaussian* pg, const float* pf, const float* pw,
                      const float* m, const int32_t* offsets, const int32_t* fids, float fdelta, int n_threads,
                      std::vector<std::vector<float>>& th_w, std::vector<std::vector<float>>& th_raw,
-                     std::vector<std::vector<float>>& th_v, int64_t NG) {
+                     std::vector<std::vector<float>>& th_v, int64_t NG, std::vector<ThreadRecord>* records) {
   const int64_t D = CT > 0 ? CT : D_rt;
-  constexpr int kV = SegmentSums<CT>::kV;
   const int64_t n_work = B * TH * TW;
 #pragma omp parallel num_threads(n_threads)
   {
     const int tid = omp_get_thread_num();
+    ThreadRecord* rec = records ? &(*records)[tid] : nullptr;
+    if (rec) {  // ~3 contributions per intersection on dense scenes: avoid regrowing
+      const size_t guess = (size_t)(3 * n_isects / n_threads);
+      rec->lane.reserve(guess), rec->w.reserve(guess), rec->mass.reserve(guess), rec->seg.reserve(guess);
+    }
     std::vector<float>& acc_w = th_w[tid];
     std::vector<float>& acc_raw = th_raw[tid];
     std::vector<float>& acc_v = th_v[tid];
@@ -100,76 +179,49 @@ void aggregate_tiles(int64_t B, int64_t NB, int64_t H, int64_t W, int64_t D_rt, 
           const int64_t gi = lg[k];
           const float* mi = m + gi * D;
           SegmentSums<CT> sums(scratch.data(), D);
+          const size_t n_before = rec ? rec->w.size() : 0;
           pairs([&](int64_t l, float a, float T) {
-            const float w = a * T * rpw[l];
-            sums.raw += w;
-            const float* z = zrow + l * D;
-            if constexpr (MODE == 0) {
-              sums.wsum += w;
-              if constexpr (kV > 0) {
-                for (int u = 0; u < kV; ++u) sums.v16[u] += w * load16(z + 16 * u);
-              } else {
-#pragma omp simd
-                for (int64_t d = 0; d < D; ++d) sums.v[d] += w * z[d];
-              }
-              return;
-            }
-            float cosv;
-            if constexpr (kV > 0) {
-              vf16 dot{};
-              for (int u = 0; u < kV; ++u) dot += load16(mi + 16 * u) * load16(z + 16 * u);
-              cosv = hsum16(dot);
-            } else {
-#pragma omp simd
-              for (int64_t d = 0; d < D; ++d) prod[d] = mi[d] * z[d];
-              cosv = tree_sum<CT>(prod.data(), D);
-            }
-            cosv = std::max(-1.0f, std::min(1.0f, cosv));
-            // |z| = |mu| = 1: sin(theta) = sqrt(1 - cos^2). Its rounding near theta = 0 only
-            // perturbs theta / sin(theta) = 1 + O(theta^2), so the tangent step stays accurate.
-            const float sinv = std::sqrt(std::max(0.0f, 1.0f - cosv * cosv));
-            const float theta = atan2_pos(sinv, cosv);
-            const float omega = (theta > fdelta) ? w * fdelta / theta : w;
-            sums.wsum += omega;
-            // theta / sin(theta) -> 1 as theta -> 0 (at the antipode z - cos mu = 0 anyway)
-            const float scale = (sinv > 1e-12f) ? omega * theta / sinv : omega;
-            // scale (z - cos mu): the mu part summed as a scalar, applied once per row
-            sums.mu_coef += scale * cosv;
-            if constexpr (kV > 0) {
-              for (int u = 0; u < kV; ++u) sums.v16[u] += scale * load16(z + 16 * u);
-            } else {
-#pragma omp simd
-              for (int64_t d = 0; d < D; ++d) sums.v[d] += scale * z[d];
+            const float w = a * T * rpw[l], mass = a * rpw[l];
+            sums.template add<MODE>(w, mass, zrow + l * D, mi, D, fdelta, prod.data());
+            if (rec) {
+              rec->lane.push_back((uint8_t)l);
+              rec->w.push_back(w);
+              rec->mass.push_back(mass);
             }
           });
-          if constexpr (MODE == 1) {
-            if constexpr (kV > 0) {
-              for (int u = 0; u < kV; ++u) sums.v16[u] -= sums.mu_coef * load16(mi + 16 * u);
-            } else {
-#pragma omp simd
-              for (int64_t d = 0; d < D; ++d) sums.v[d] -= sums.mu_coef * mi[d];
-            }
-          }
-          acc_raw[gi] += sums.raw;
-          acc_w[gi] += sums.wsum;
-          float* v = acc_v.data() + gi * D;
-          if constexpr (kV > 0) {
-            for (int u = 0; u < kV; ++u) store16(v + 16 * u, load16(v + 16 * u) + sums.v16[u]);
-          } else {
-#pragma omp simd
-            for (int64_t d = 0; d < D; ++d) v[d] += sums.v[d];
-          }
+          if (rec && rec->w.size() > n_before)
+            rec->seg.insert(rec->seg.end(), {(int32_t)gi, (int32_t)pix0, (int32_t)(rec->w.size() - n_before)});
+          sums.template flush<MODE>(mi, D, gi, acc_w.data(), acc_raw.data(), acc_v.data());
         });
       }
     }
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_cpu(
+// Sums the per-thread (or per-list) buffers in order (deterministic), in parallel over Gaussians.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sum_buffers(const std::vector<std::vector<float>>& th_w,
+                                                           const std::vector<std::vector<float>>& th_v,
+                                                           const std::vector<std::vector<float>>& th_raw,
+                                                           int64_t NG, int64_t D, const at::TensorOptions& fopt) {
+  auto out_w = at::zeros({NG}, fopt), out_v = at::zeros({NG, D}, fopt), out_raw = at::zeros({NG}, fopt);
+  float* ow = out_w.data_ptr<float>();
+  float* ov = out_v.data_ptr<float>();
+  float* oraw = out_raw.data_ptr<float>();
+  at::parallel_for(0, NG, 1024, [&](int64_t g0, int64_t g1) {
+    for (size_t t = 0; t < th_w.size(); ++t) {
+      if (th_w[t].empty()) continue;  // a thread OpenMP did not start
+      for (int64_t g = g0; g < g1; ++g) { ow[g] += th_w[t][g]; oraw[g] += th_raw[t][g]; }
+      for (int64_t k = g0 * D; k < g1 * D; ++k) ov[k] += th_v[t][k];
+    }
+  });
+  return {out_w, out_v, out_raw};
+}
+
+std::vector<at::Tensor> aggregate_impl(
     const at::Tensor& means2d_, const at::Tensor& conics_, const at::Tensor& opacities_,
     const at::Tensor& pixel_feats_, const at::Tensor& pixel_weights_, const at::Tensor& mu_, double delta,
     int64_t mode, int64_t num_gaussians, int64_t tile_size, const at::Tensor& isect_offsets_,
-    const at::Tensor& flatten_ids_) {
+    const at::Tensor& flatten_ids_, bool record) {
   TORCH_CHECK(means2d_.dim() == 3 && means2d_.size(2) == 2, "means2d must be [B,N,2]");
   const int64_t B = means2d_.size(0), NB = means2d_.size(1);
   TORCH_CHECK(pixel_feats_.dim() == 4 && pixel_feats_.size(0) == B, "pixel_feats must be [B,H,W,D]");
@@ -182,6 +234,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_cpu(
   TORCH_CHECK(mu_.dim() == 2 && mu_.size(0) == num_gaussians && mu_.size(1) == D, "mu must be [num_gaussians, D]");
   TORCH_CHECK(isect_offsets_.scalar_type() == at::kInt && flatten_ids_.scalar_type() == at::kInt,
               "isect_offsets and flatten_ids must be int32");
+  TORCH_CHECK(!record || B * H * W < (int64_t)std::numeric_limits<int32_t>::max(),
+              "recording needs fewer than 2^31 pixels per call");
   for (const auto* t : {&means2d_, &conics_, &opacities_, &pixel_feats_, &pixel_weights_, &mu_}) {
     TORCH_CHECK(t->scalar_type() == at::kFloat, "aggregate_sphere expects float32 tensors");
   }
@@ -205,34 +259,121 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_cpu(
 
   const int n_threads = std::max(1, at::get_num_threads());
   std::vector<std::vector<float>> th_w(n_threads), th_raw(n_threads), th_v(n_threads);
+  std::vector<ThreadRecord> records(record ? n_threads : 0);
   const std::vector<PackedGaussian> packed = pack_gaussians(B * NB, xy, con, opac);
   dispatch_channels(D, [&](auto ct) {
     constexpr int CT = decltype(ct)::value;
     auto run = [&](auto kernel) {
       kernel(B, NB, H, W, D, TH, TW, tile_size, n_isects, packed.data(), pf, pw, m, offsets, fids, fdelta,
-             n_threads, th_w, th_raw, th_v, NG);
+             n_threads, th_w, th_raw, th_v, NG, record ? &records : nullptr);
     };
     if (mode == 0) run(aggregate_tiles<CT, 0>); else run(aggregate_tiles<CT, 1>);
   });
+  auto [out_w, out_v, out_raw] = sum_buffers(th_w, th_v, th_raw, NG, D, means2d.options());
+  if (!record) return {out_w, out_v, out_raw};
+  // one list per thread, concatenated: list offsets into the segments and into the contributions
+  int64_t n_seg = 0, n_pairs = 0;
+  auto seg_off = at::empty({n_threads + 1}, at::kLong), pair_off = at::empty({n_threads + 1}, at::kLong);
+  int64_t* so = seg_off.data_ptr<int64_t>();
+  int64_t* po = pair_off.data_ptr<int64_t>();
+  for (int t = 0; t < n_threads; ++t) {
+    so[t] = n_seg, po[t] = n_pairs;
+    n_seg += (int64_t)records[t].seg.size() / 3, n_pairs += (int64_t)records[t].w.size();
+  }
+  so[n_threads] = n_seg, po[n_threads] = n_pairs;
+  auto segs = at::empty({n_seg, 3}, at::kInt), lanes = at::empty({n_pairs}, at::kByte);
+  auto ws = at::empty({n_pairs}, at::kFloat), masses = at::empty({n_pairs}, at::kFloat);
+  for (int t = 0; t < n_threads; ++t) {
+    const ThreadRecord& r = records[t];
+    std::copy(r.seg.begin(), r.seg.end(), segs.data_ptr<int32_t>() + 3 * so[t]);
+    std::copy(r.lane.begin(), r.lane.end(), lanes.data_ptr<uint8_t>() + po[t]);
+    std::copy(r.w.begin(), r.w.end(), ws.data_ptr<float>() + po[t]);
+    std::copy(r.mass.begin(), r.mass.end(), masses.data_ptr<float>() + po[t]);
+  }
+  return {out_w, out_v, out_raw, seg_off, pair_off, segs, lanes, ws, masses};
+}
 
-  // Sum the per-thread buffers in thread order (deterministic), in parallel over Gaussians.
-  auto fopt = means2d.options();
-  auto out_w = at::zeros({NG}, fopt), out_v = at::zeros({NG, D}, fopt), out_raw = at::zeros({NG}, fopt);
-  float* ow = out_w.data_ptr<float>();
-  float* ov = out_v.data_ptr<float>();
-  float* oraw = out_raw.data_ptr<float>();
-  at::parallel_for(0, NG, 1024, [&](int64_t g0, int64_t g1) {
-    for (int t = 0; t < n_threads; ++t) {
-      if (th_w[t].empty()) continue;  // a thread OpenMP did not start
-      for (int64_t g = g0; g < g1; ++g) { ow[g] += th_w[t][g]; oraw[g] += th_raw[t][g]; }
-      for (int64_t k = g0 * D; k < g1 * D; ++k) ov[k] += th_v[t][k];
+std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_cpu(
+    const at::Tensor& means2d, const at::Tensor& conics, const at::Tensor& opacities, const at::Tensor& pixel_feats,
+    const at::Tensor& pixel_weights, const at::Tensor& mu, double delta, int64_t mode, int64_t num_gaussians,
+    int64_t tile_size, const at::Tensor& isect_offsets, const at::Tensor& flatten_ids) {
+  auto r = aggregate_impl(means2d, conics, opacities, pixel_feats, pixel_weights, mu, delta, mode, num_gaussians,
+                          tile_size, isect_offsets, flatten_ids, false);
+  return {r[0], r[1], r[2]};
+}
+
+std::vector<at::Tensor> aggregate_sphere_record_cpu(
+    const at::Tensor& means2d, const at::Tensor& conics, const at::Tensor& opacities, const at::Tensor& pixel_feats,
+    const at::Tensor& pixel_weights, int64_t num_gaussians, int64_t tile_size, const at::Tensor& isect_offsets,
+    const at::Tensor& flatten_ids) {
+  const auto mu = at::zeros({num_gaussians, pixel_feats.size(-1)}, pixel_feats.options());
+  return aggregate_impl(means2d, conics, opacities, pixel_feats, pixel_weights, mu, 0.0, 0, num_gaussians,
+                        tile_size, isect_offsets, flatten_ids, true);
+}
+
+// Replays recorded lists: list t accumulates into buffer t and the buffers are summed in list
+// order, exactly as the recording pass's threads did, through the same per-contribution code
+// (SegmentSums::add), so the result is bit-identical to a traversal run with the recording
+// pass's thread count (whatever the thread count now).
+template <int CT, int MODE>
+void replay_lists(int64_t n_lists, const int64_t* so, const int64_t* po, const int32_t* segs, const uint8_t* lanes,
+                  const float* ws, const float* masses, const float* pf, const float* m, int64_t D_rt, float fdelta,
+                  std::vector<std::vector<float>>& th_w, std::vector<std::vector<float>>& th_raw,
+                  std::vector<std::vector<float>>& th_v, int64_t NG) {
+  const int64_t D = CT > 0 ? CT : D_rt;
+  at::parallel_for(0, n_lists, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> scratch(D), prod(D);
+    for (int64_t t = t0; t < t1; ++t) {
+      th_w[t].assign(NG, 0.0f);
+      th_raw[t].assign(NG, 0.0f);
+      th_v[t].assign((size_t)NG * D, 0.0f);
+      int64_t p = po[t];
+      for (int64_t s = so[t]; s < so[t + 1]; ++s) {
+        const int64_t gi = segs[3 * s], pix0 = segs[3 * s + 1], n = segs[3 * s + 2];
+        const float* mi = m + gi * D;
+        SegmentSums<CT> sums(scratch.data(), D);
+        for (int64_t j = 0; j < n; ++j, ++p)
+          sums.template add<MODE>(ws[p], masses[p], pf + (pix0 + lanes[p]) * D, mi, D, fdelta, prod.data());
+        sums.template flush<MODE>(mi, D, gi, th_w[t].data(), th_raw[t].data(), th_v[t].data());
+      }
     }
   });
-  return {out_w, out_v, out_raw};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_replay_cpu(
+    const at::Tensor& seg_off_, const at::Tensor& pair_off_, const at::Tensor& segs_, const at::Tensor& lanes_,
+    const at::Tensor& ws_, const at::Tensor& masses_, const at::Tensor& pixel_feats_, const at::Tensor& mu_,
+    double delta, int64_t mode) {
+  TORCH_CHECK(mode == 0 || mode == 1, "mode must be 0 (init) or 1 (IRLS step)");
+  TORCH_CHECK(seg_off_.scalar_type() == at::kLong && pair_off_.scalar_type() == at::kLong &&
+              segs_.scalar_type() == at::kInt && lanes_.scalar_type() == at::kByte &&
+              ws_.scalar_type() == at::kFloat && masses_.scalar_type() == at::kFloat,
+              "recorded contributions have the wrong dtypes");
+  TORCH_CHECK(pixel_feats_.dim() == 4 && pixel_feats_.scalar_type() == at::kFloat, "pixel_feats must be float [B,H,W,D]");
+  const int64_t D = pixel_feats_.size(3), NG = mu_.size(0), n_lists = seg_off_.numel() - 1;
+  TORCH_CHECK(mu_.dim() == 2 && mu_.size(1) == D && mu_.scalar_type() == at::kFloat, "mu must be float [N, D]");
+  const auto seg_off = seg_off_.contiguous(), pair_off = pair_off_.contiguous(), segs = segs_.contiguous();
+  const auto lanes = lanes_.contiguous(), ws = ws_.contiguous(), masses = masses_.contiguous();
+  const auto pixel_feats = pixel_feats_.contiguous(), mu = mu_.contiguous();
+  std::vector<std::vector<float>> th_w(n_lists), th_raw(n_lists), th_v(n_lists);
+  dispatch_channels(D, [&](auto ct) {
+    constexpr int CT = decltype(ct)::value;
+    auto run = [&](auto kernel) {
+      kernel(n_lists, seg_off.data_ptr<int64_t>(), pair_off.data_ptr<int64_t>(), segs.data_ptr<int32_t>(),
+             lanes.data_ptr<uint8_t>(), ws.data_ptr<float>(), masses.data_ptr<float>(), pixel_feats.data_ptr<float>(),
+             mu.data_ptr<float>(), D, (float)delta, th_w, th_raw, th_v, NG);
+    };
+    if (mode == 0) run(replay_lists<CT, 0>); else run(replay_lists<CT, 1>);
+  });
+  return sum_buffers(th_w, th_v, th_raw, NG, D, pixel_feats.options());
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(rh3dgs, CPU, m) { m.impl("aggregate_sphere", &aggregate_sphere_cpu); }
+TORCH_LIBRARY_IMPL(rh3dgs, CPU, m) {
+  m.impl("aggregate_sphere", &aggregate_sphere_cpu);
+  m.impl("aggregate_sphere_record", &aggregate_sphere_record_cpu);
+  m.impl("aggregate_sphere_replay", &aggregate_sphere_replay_cpu);
+}
 
 }  // namespace rh3dgs

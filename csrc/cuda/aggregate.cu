@@ -41,7 +41,7 @@ __global__ void aggregate_sphere_kernel(const float* __restrict__ xy, const floa
     T = next_T;
     const int64_t gi = g % NB;
     float* v = acc_v + gi * D;
-    atomicAdd(acc_raw + gi, w);
+    atomicAdd(acc_raw + gi, a * pweight);
     if (mode == 0) {
       atomicAdd(acc_w + gi, w);
       for (int64_t d = 0; d < D; ++d) atomicAdd(v + d, w * z[d]);

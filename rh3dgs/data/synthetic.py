@@ -12,7 +12,6 @@ initial point cloud, ground-truth depth and class masks).
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -8,9 +8,7 @@ Hook into the main parser with :func:`add_eval_parser` (``rh3dgs.cli.build_parse
 from __future__ import annotations
 
 import argparse
-import json
 import math
-from pathlib import Path
 
 from ..errors import ConfigError
 from ..io.outputs import check_output_file, prepare_output_dir

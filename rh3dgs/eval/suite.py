@@ -32,7 +32,6 @@ teachers and runs every ablation row (lift and distillation variants) on each, w
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import threading
@@ -451,7 +450,6 @@ def run_suite(out_dir: PathLike, cfg: Optional[SuiteConfig] = None, work_dir: Op
     from ..data.teacher_sim import TeacherSimConfig, make_prototypes, simulate_feature_maps, upsample_feature_map
     from ..distill import DistillConfig, distill
     from ..field import SemanticField
-    from ..io.atomic import atomic_save_json, atomic_save_bytes
     from ..lift import LiftConfig, lift
 
     cfg = cfg or SuiteConfig()

@@ -53,7 +53,7 @@ from ..errors import ConfigError, NonFiniteError
 from ..gaussians import Gaussians
 from ..lic import LICConfig, LICLoss
 from ..vcd import VCDConfig, reliability_weights
-from ..vfm import VFMConfig, delta_at, vfm_loss
+from ..vfm import VFMConfig, vfm_loss
 
 __all__ = ["Rh3dgsModelConfig", "Rh3dgsModel", "viewmat_from_c2w"]
 

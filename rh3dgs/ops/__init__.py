@@ -1,14 +1,15 @@
 """Native ops of rh3dgs (one Python entry per op; backend chosen by device).
 
 * :func:`rasterize_to_pixels` - N-D feature compositing + render statistics (A, D1, D2).
-* :func:`aggregate_sphere` - per-Gaussian robust spherical mean accumulation (lift).
+* :func:`aggregate_sphere` - per-Gaussian robust spherical mean accumulation (lift); on CPU it can
+  record its contributions for :func:`aggregate_sphere_replay`.
 * :func:`isect_tiles` - tile binning.
 * :func:`relevancy` - text-query relevancy of latent rows (the query fast path).
 Pure-torch references live in :mod:`rh3dgs.ops._ref`.
 """
-from .aggregate import aggregate_sphere
+from .aggregate import Contributions, aggregate_sphere, aggregate_sphere_replay
 from .binning import isect_tiles
 from .rasterize import RasterOutput, rasterize_to_pixels
 from .relevancy import relevancy
 
-__all__ = ["aggregate_sphere", "isect_tiles", "rasterize_to_pixels", "RasterOutput", "relevancy"]
+__all__ = ["aggregate_sphere", "aggregate_sphere_replay", "Contributions", "isect_tiles", "rasterize_to_pixels", "RasterOutput", "relevancy"]

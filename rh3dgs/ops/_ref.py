@@ -62,10 +62,11 @@ def _ref_isect_tiles(means2d: Tensor, radii: Tensor, depths: Tensor, tile_size: 
 
 def _ref_tile_contributions(
     means2d: Tensor, conics: Tensor, opacities: Tensor, width: int, height: int, tile_size: int,
-    isect_offsets: Tensor, flatten_ids: Tensor,
-) -> Iterator[Tuple[int, Tensor, Tensor, Tensor, Tensor]]:
+    isect_offsets: Tensor, flatten_ids: Tensor, with_alpha: bool = False,
+) -> Iterator[Tuple[Tensor, ...]]:
     """Yield per tile: (camera b, pixel flat ids [P] into [H*W], gaussian flat ids [K] (b*N+n),
-    compositing weights w = alpha*T [P, K] (0 where skipped or terminated), final T [P])."""
+    compositing weights w = alpha*T [P, K] (0 where skipped or terminated), final T [P]) and, with
+    ``with_alpha``, the alphas of the same contributions [P, K] (0 where w is 0)."""
     B, TH, TW = isect_offsets.shape
     n_isects = flatten_ids.numel()
     offs = isect_offsets.reshape(-1).tolist() + [n_isects]
@@ -97,7 +98,7 @@ def _ref_tile_contributions(
         t_before = torch.cat([torch.ones_like(t_after[:, :1]), t_after[:, :-1]], dim=1)
         w = alpha * t_before * keep
         t_final = torch.prod(1 - alpha * keep, dim=1)
-        yield b, pix, ids, w, t_final
+        yield (b, pix, ids, w, t_final, alpha * keep) if with_alpha else (b, pix, ids, w, t_final)
 
 
 def _ref_rasterize_to_pixels(
@@ -144,18 +145,19 @@ def _ref_aggregate_sphere(
     acc_w = torch.zeros(N, dtype=torch.float64)
     acc_v = torch.zeros(N, D, dtype=torch.float64)
     acc_raw = torch.zeros(N, dtype=torch.float64)
-    for b, pix, ids, w, _ in _ref_tile_contributions(
-        means2d, conics, opacities, W, H, tile_size, isect_offsets, flatten_ids
+    for b, pix, ids, w, _, alpha in _ref_tile_contributions(
+        means2d, conics, opacities, W, H, tile_size, isect_offsets, flatten_ids, with_alpha=True
     ):
         pw = pixel_weights[b].reshape(-1)[pix]
         w = (w * pw[:, None]).double()  # [P, K]
+        mass = (alpha * pw[:, None]).double()
         pi, ki = torch.nonzero(w > 0, as_tuple=True)
         if pi.numel() == 0:
             continue
         g = ids[ki] % N
         wk = w[pi, ki]
         z = pixel_feats[b].reshape(-1, D)[pix[pi]].double()
-        acc_raw.index_add_(0, g, wk)
+        acc_raw.index_add_(0, g, mass[pi, ki])
         if mode == 0:
             acc_w.index_add_(0, g, wk)
             acc_v.index_add_(0, g, wk[:, None] * z)

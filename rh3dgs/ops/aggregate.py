@@ -5,10 +5,16 @@ with unit teacher feature z(u), accumulate (mode "init") sum w and sum w z, or (
 "irls") the Huber-IRLS tangent terms of one Frechet-mean step around ``mu``:
 omega = w * min(1, delta / theta), sum omega, sum omega Log_mu(z). No (pixel, Gaussian)
 pair is stored; the reference :func:`rh3dgs.ops._ref._ref_aggregate_sphere` enumerates them.
+
+On CPU an "init" pass can also record the contributions it visits (``record=True``, about
+13 bytes per contribution); :func:`aggregate_sphere_replay` then runs further passes over
+them with another ``mu`` without re-compositing the views, bit-identical to a traversal
+(the lift does this when the recording fits its cache budget).
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from dataclasses import dataclass
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -16,9 +22,31 @@ from torch import Tensor
 from ..errors import ShapeError
 from ._backend import has_native_kernel, native_ops
 
-__all__ = ["aggregate_sphere"]
+__all__ = ["aggregate_sphere", "aggregate_sphere_replay", "Contributions"]
 
 _MODES = {"init": 0, "irls": 1}
+
+
+@dataclass
+class Contributions:
+    """The (pixel, Gaussian) contributions an "init" pass visited (CPU), per thread list in visiting order.
+
+    seg_offsets, pair_offsets: [T+1] int64 list offsets into ``segments`` and the per-pair arrays.
+    segments: [S, 3] int32 (Gaussian index, flat index into [B, H, W] of the segment's first pixel, count).
+    lanes: [P] uint8 pixel = first + lane; weights: [P] alpha T pixel_weight; masses: [P] alpha pixel_weight.
+    """
+
+    seg_offsets: Tensor
+    pair_offsets: Tensor
+    segments: Tensor
+    lanes: Tensor
+    weights: Tensor
+    masses: Tensor
+    num_gaussians: int
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.seg_offsets, self.pair_offsets, self.segments,
+                                                           self.lanes, self.weights, self.masses))
 
 
 @torch.no_grad()
@@ -34,7 +62,8 @@ def aggregate_sphere(
     mu: Optional[Tensor] = None,
     delta: float = float("inf"),
     mode: str = "irls",
-) -> Tuple[Tensor, Tensor, Tensor]:
+    record: bool = False,
+) -> Union[Tuple[Tensor, Tensor, Tensor], Tuple[Tensor, Tensor, Tensor, Contributions]]:
     """Accumulate per-Gaussian spherical statistics over all pixels of B views.
 
     Args:
@@ -45,10 +74,13 @@ def aggregate_sphere(
         mu:    [N, D] current unit means (mode "irls"); ignored for "init".
         delta: Huber threshold in radians (inf = Karcher / least squares).
         mode:  "init" (weighted Euclidean sums) or "irls" (one Huber-IRLS step).
+        record: CPU, mode "init": also return the visited :class:`Contributions`.
 
     Returns:
         acc_w [N] (sum of omega, or of w for "init"), acc_v [N, D] (sum omega Log_mu(z),
-        or sum w z for "init"), acc_raw [N] (sum of w).
+        or sum w z for "init"), acc_raw [N] (sum of alpha_i(u) * pixel_weights(u) over the same
+        contributions, without the transmittance: in "init" mode acc_w / acc_raw is the Gaussian's
+        mean transmittance where it composites, i.e. how much of it the views see).
     """
     if mode not in _MODES:
         raise ShapeError(f"mode must be one of {sorted(_MODES)}, got {mode!r}")
@@ -62,8 +94,38 @@ def aggregate_sphere(
         raise ShapeError(f"mu must be [N, D] = {[N, D]}, got {list(mu.shape)}")
     if means2d.is_cuda and not has_native_kernel("aggregate_sphere", means2d.device):
         raise NotImplementedError("aggregate_sphere on CUDA needs rh3dgs built with RH3DGS_BUILD_CUDA=1")
+    if record:
+        if mode != "init" or means2d.device.type != "cpu":
+            raise NotImplementedError("aggregate_sphere(record=True) is a CPU init pass")
+        r = native_ops().aggregate_sphere_record(
+            means2d.float().contiguous(), conics.float().contiguous(), opacities.float().contiguous(),
+            pixel_feats.float().contiguous(), pixel_weights.float().contiguous(), N, int(tile_size),
+            isect_offsets.int().contiguous(), flatten_ids.int().contiguous())
+        return r[0], r[1], r[2], Contributions(*r[3:], num_gaussians=N)
     return native_ops().aggregate_sphere(
         means2d.float().contiguous(), conics.float().contiguous(), opacities.float().contiguous(),
         pixel_feats.float().contiguous(), pixel_weights.float().contiguous(), mu.float().contiguous(),
         float(delta), _MODES[mode], N, int(tile_size), isect_offsets.int().contiguous(), flatten_ids.int().contiguous(),
     )
+
+
+@torch.no_grad()
+def aggregate_sphere_replay(
+    contributions: Contributions, pixel_feats: Tensor, mu: Optional[Tensor] = None, delta: float = float("inf"),
+    mode: str = "irls",
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """:func:`aggregate_sphere` over recorded contributions (same views, same ``pixel_feats``), any ``mu``.
+
+    Bit-identical to the traversal with the recording's thread count; no compositing is redone.
+    """
+    if mode not in _MODES:
+        raise ShapeError(f"mode must be one of {sorted(_MODES)}, got {mode!r}")
+    N, D = contributions.num_gaussians, pixel_feats.shape[-1]
+    if mu is None:
+        mu = pixel_feats.new_zeros(N, D)
+    if mu.shape != (N, D):
+        raise ShapeError(f"mu must be [N, D] = {[N, D]}, got {list(mu.shape)}")
+    c = contributions
+    return native_ops().aggregate_sphere_replay(c.seg_offsets, c.pair_offsets, c.segments, c.lanes, c.weights,
+                                                c.masses, pixel_feats.float().contiguous(), mu.float().contiguous(),
+                                                float(delta), _MODES[mode])
