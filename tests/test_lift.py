@@ -206,3 +206,31 @@ def test_lift_rejects_bad_input():
         lift(gs, cams, bad, progress=False)
     with pytest.raises(ConfigError, match="method"):
         LiftConfig(method="mean")
+
+
+def test_gaussians_seen_only_through_an_occluder_are_invalid():
+    """Two wide layers of opacity 0.95 in front of a small Gaussian: it still composites (T ~ 0.0025 > 1e-4) but
+    only through them, so visibility = mean T where it composites < min_visibility (1 %): invalid. (One layer
+    cannot hide it: alpha is capped at 0.99, T >= 0.01.) Seen from the side as well, it is valid."""
+    from rh3dgs import Cameras, Gaussians
+
+    means = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, -0.5], [0.0, 0.0, 0.05]])  # hidden one is index 1
+    scales = torch.tensor([[0.6, 0.6, 0.01], [0.05, 0.05, 0.05], [0.6, 0.6, 0.01]])
+    quats = torch.tensor([[1.0, 0.0, 0.0, 0.0]] * 3)
+    gs = Gaussians.from_activated(means, scales, quats, torch.tensor([0.95, 0.9, 0.95]), torch.rand(3, 3))
+    top = Cameras.look_at(torch.tensor([[0.0, 0.01, 3.0]]), torch.zeros(3), width=32, height=32)
+    maps = torch.nn.functional.normalize(torch.ones(1, 8, 8, 4), dim=-1)
+    cfg = LiftConfig(iters=1, latent_dim=0, use_vcd=False, min_coverage=0.1)
+    r = lift(gs, top, maps, cfg, progress=False)
+    assert r.weight[1] > cfg.min_weight and r.visibility[1] < 0.01 and not r.valid[1]
+    assert r.visibility[2] > 0.9 and r.valid[0] and r.valid[2] and r.info["hidden"] == 1
+    assert torch.equal(r.features[1], torch.zeros(4))
+    # with a side view the hidden Gaussian is observed directly: its mean transmittance rises above 1 %
+    side = Cameras.look_at(torch.tensor([[0.0, 0.01, 3.0], [3.0, 0.0, -0.5]]), torch.tensor([0.0, 0.0, -0.25]),
+                           width=32, height=32)
+    r2 = lift(gs, side, maps.expand(2, -1, -1, -1), cfg, progress=False)
+    assert r2.visibility[1] > 0.01 and r2.valid[1]
+    # min_visibility = 0 keeps it
+    r0 = lift(gs, top, maps, LiftConfig(iters=1, latent_dim=0, use_vcd=False, min_coverage=0.1, min_visibility=0.0),
+              progress=False)
+    assert r0.valid[1]
