@@ -15,12 +15,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, orbit, timeit, write_results  # noqa: E402
+from _common import entry, machine, orbit, peak_rss_mb, run_isolated, timeit, write_results  # noqa: E402
 
 P, d, D, Q, J = 1_000_000, 16, 512, 4, 4
 
 
-def main() -> dict:
+def measure(part: str) -> dict:
+    """Everything, in this interpreter (run by :func:`main` in a fresh one: its peak RSS is its own)."""
     from rh3dgs.field import SemanticField
     from rh3dgs.query import relevancy, relevancy_from_cosines
 
@@ -45,15 +46,23 @@ def main() -> dict:
     assert err < 1e-5, err
     payload = {"pixels": P, "latent_dim": d, "teacher_dim": D, "queries": Q, "fast_s": tf, "slow_s": ts,
                "speedup": ts / tf, "max_abs_diff": err, "machine": machine()}
+    payload["per_view"] = _query_vs_render()
+    payload["peak_rss_mb"] = peak_rss_mb()
+    return payload
+
+
+def main() -> dict:
+    payload = run_isolated(__file__, ["--only", "all"])
+    tf, ts, err, per_view = payload["fast_s"], payload["slow_s"], payload["max_abs_diff"], payload["per_view"]
     md = (f"# relevancy: latent fast path vs decoded slow path\n\n{P} pixels, d={d}, D={D}, {Q} queries + {J} "
           f"negatives.\n\n| path | seconds |\n|---|---|\n| slow (decode to D) | {ts:.3f} |\n| fast (latent) | {tf:.3f} |\n\n"
           f"**speed-up {ts / tf:.1f}x**, max |difference| {err:.1e}\n")
-    payload["per_view"] = per_view = _query_vs_render()
     md += (f"\n## 8 phrases on one rendered view\n\n{per_view['gaussians']} Gaussians, {per_view['size']}x"
            f"{per_view['size']}, d={d}: render (RGB + latents) {per_view['render_ms']:.1f} ms, relevancy of "
            f"{per_view['phrases']} phrases + {per_view['negatives']} negatives {per_view['query_ms']:.2f} ms: "
            f"**{100 * per_view['ratio']:.1f} % of the render** (target <= 10 %: "
-           f"{'met' if per_view['ratio'] <= 0.10 else 'NOT met'})\n")
+           f"{'met' if per_view['ratio'] <= 0.10 else 'NOT met'})\n\npeak RSS {payload['peak_rss_mb']:.0f} MB "
+           "(this benchmark's own interpreter; the slow path's [P, D] decode dominates)\n")
     return write_results("query", payload, md)
 
 
@@ -86,4 +95,4 @@ def _query_vs_render(size: int = 256, phrases: int = 8) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    entry(measure, main)
