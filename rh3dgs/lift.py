@@ -431,7 +431,7 @@ def lift(
             if q_step < cfg.tol:
                 break
     with_maps = sum(v.maps is not None for views in compacts.values() for v in views)
-    recorded_keys = list(recorded)
+    n_recorded = len(recorded)
     cached.clear(), compacts.clear(), raws.clear(), recorded.clear()  # before the PCA's N x D temporaries
     latents = decoder = None
     if cfg.latent_dim > 0 and N > 0:
@@ -440,7 +440,7 @@ def lift(
             "seconds": time.perf_counter() - t0, "views": B, "gaussians": N, "valid": int(valid.sum()),
             "hidden": int(((weight >= cfg.min_weight) & ~valid).sum()),
             "views_per_batch": per_batch, "cache": "full" if cache else ("compact" if compact else "none"),
-            "recorded_chunks": len(recorded_keys), "recorded_bytes": int(recorded_bytes)}
+            "recorded_chunks": n_recorded, "recorded_bytes": int(recorded_bytes)}
     if compact:
         info["compact_views"] = len(kept)
         info["compact_views_with_maps"] = with_maps

@@ -306,7 +306,7 @@ std::vector<at::Tensor> aggregate_sphere_record_cpu(
     const at::Tensor& means2d, const at::Tensor& conics, const at::Tensor& opacities, const at::Tensor& pixel_feats,
     const at::Tensor& pixel_weights, int64_t num_gaussians, int64_t tile_size, const at::Tensor& isect_offsets,
     const at::Tensor& flatten_ids) {
-  const auto mu = at::zeros({num_gaussians, pixel_feats.size(-1)}, pixel_feats.options());
+  const auto mu = at::empty({num_gaussians, pixel_feats.size(-1)}, pixel_feats.options());  // init: never read
   return aggregate_impl(means2d, conics, opacities, pixel_feats, pixel_weights, mu, 0.0, 0, num_gaussians,
                         tile_size, isect_offsets, flatten_ids, true);
 }

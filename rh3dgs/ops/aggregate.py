@@ -49,6 +49,18 @@ class Contributions:
                                                            self.lanes, self.weights, self.masses))
 
 
+def _mode_and_mu(mode: str, mu: Optional[Tensor], N: int, pixel_feats: Tensor) -> Tensor:
+    """Checks ``mode``; ``mu`` [N, D] checked, or zeros (unused by "init") when None."""
+    if mode not in _MODES:
+        raise ShapeError(f"mode must be one of {sorted(_MODES)}, got {mode!r}")
+    D = pixel_feats.shape[-1]
+    if mu is None:
+        mu = pixel_feats.new_zeros(N, D)
+    if mu.shape != (N, D):
+        raise ShapeError(f"mu must be [N, D] = {[N, D]}, got {list(mu.shape)}")
+    return mu
+
+
 @torch.no_grad()
 def aggregate_sphere(
     means2d: Tensor,
@@ -82,16 +94,10 @@ def aggregate_sphere(
         contributions, without the transmittance: in "init" mode acc_w / acc_raw is the Gaussian's
         mean transmittance where it composites, i.e. how much of it the views see).
     """
-    if mode not in _MODES:
-        raise ShapeError(f"mode must be one of {sorted(_MODES)}, got {mode!r}")
     B, N = means2d.shape[:2]
     if pixel_feats.dim() != 4 or pixel_feats.shape[0] != B:
         raise ShapeError(f"pixel_feats must be [B, H, W, D] with B={B}, got {list(pixel_feats.shape)}")
-    D = pixel_feats.shape[-1]
-    if mu is None:
-        mu = pixel_feats.new_zeros(N, D)
-    if mu.shape != (N, D):
-        raise ShapeError(f"mu must be [N, D] = {[N, D]}, got {list(mu.shape)}")
+    mu = _mode_and_mu(mode, mu, N, pixel_feats)
     if means2d.is_cuda and not has_native_kernel("aggregate_sphere", means2d.device):
         raise NotImplementedError("aggregate_sphere on CUDA needs rh3dgs built with RH3DGS_BUILD_CUDA=1")
     if record:
@@ -118,13 +124,7 @@ def aggregate_sphere_replay(
 
     Bit-identical to the traversal with the recording's thread count; no compositing is redone.
     """
-    if mode not in _MODES:
-        raise ShapeError(f"mode must be one of {sorted(_MODES)}, got {mode!r}")
-    N, D = contributions.num_gaussians, pixel_feats.shape[-1]
-    if mu is None:
-        mu = pixel_feats.new_zeros(N, D)
-    if mu.shape != (N, D):
-        raise ShapeError(f"mu must be [N, D] = {[N, D]}, got {list(mu.shape)}")
+    mu = _mode_and_mu(mode, mu, contributions.num_gaussians, pixel_feats)
     c = contributions
     return native_ops().aggregate_sphere_replay(c.seg_offsets, c.pair_offsets, c.segments, c.lanes, c.weights,
                                                 c.masses, pixel_feats.float().contiguous(), mu.float().contiguous(),
