@@ -1,7 +1,7 @@
 """GPU check, Python part (run by benchmarks/gpu_check.sh on a lent GPU; ``--device cpu`` dry-runs it here).
 
 1. Op agreement: each native op on ``--device`` against the CPU kernel (values and gradients of
-   ``rasterize_to_pixels``; ``aggregate_sphere`` in both modes; ``isect_tiles``; ``relevancy``).
+   ``rasterize_to_pixels``; ``aggregate_sphere`` in both modes; ``isect_tiles``; ``relevancy``; ``lic_infonce`` values and gradients).
 2. Render frame rate at 1280x720 of a 200k-Gaussian scene: RGB, and RGB + 16 latent channels
    (+ the relevancy of one query), in the same run.
 
@@ -35,7 +35,7 @@ def _max_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def agreement(dev: torch.device, n: int, size: int) -> dict:
     """Max abs differences between the ops on ``dev`` and the CPU kernels, on one random scene."""
-    from rh3dgs.ops import aggregate_sphere, isect_tiles, rasterize_to_pixels, relevancy
+    from rh3dgs.ops import aggregate_sphere, isect_tiles, lic_infonce, rasterize_to_pixels, relevancy
     from rh3dgs.render import project
 
     g = random_scene(n, scale=0.03)
@@ -78,6 +78,19 @@ def agreement(dev: torch.device, n: int, size: int) -> dict:
     lat = torch.randn(size * size, 16, generator=gen)
     q, neg, R = torch.randn(2, 16, generator=gen), torch.randn(4, 16, generator=gen), torch.eye(16)
     out["relevancy"] = _max_err(relevancy(lat.to(dev), q.to(dev), neg.to(dev), R.to(dev)), relevancy(lat, q, neg, R))
+
+    # LIC InfoNCE on the scene's latents: 256 anchors, 16 neighbour-like + 64 random candidates
+    anchors = torch.randint(n, (256,), generator=gen)
+    cand = torch.randint(n, (256, 80), generator=gen)
+    kinds = torch.randint(0, 3, (256, 80), generator=gen, dtype=torch.uint8)
+    lic = []
+    for d in (dev, torch.device("cpu")):
+        x = feats[0].to(d).clone().requires_grad_(True)
+        loss = lic_infonce(x, anchors.to(d), cand.to(d), kinds.to(d), 0.1)
+        loss.sum().backward()
+        lic.append((loss, x.grad))
+    out["lic_infonce.loss"] = _max_err(lic[0][0], lic[1][0])
+    out["lic_infonce.grad"] = _max_err(lic[0][1], lic[1][1])
     return out
 
 

@@ -66,4 +66,16 @@ TORCH_LIBRARY(rh3dgs, m) {
   //   rel[p, q] = sigmoid(tau (cos(q, f) - max_j cos(neg_j, f))), cos(x, f) = <x, f> / |R f|.
   // Returns [P, Q]. CPU kernel; elsewhere rh3dgs.ops.relevancy runs its torch reference.
   m.def("relevancy(Tensor latents, Tensor pos, Tensor neg, Tensor norm_factor, float temperature) -> Tensor");
+  // LIC multi-positive InfoNCE over sampled anchors (rh3dgs.lic). features [N, d] (not normalised:
+  // f = x / max(|x|, 1e-12) inside), anchors [A] int64, candidates [A, K] int64, kinds [A, K] uint8:
+  // 0 = ignored (its candidate index is not read), 1 = negative, 2 = positive. With s = <f_a, f_j> / tau:
+  //   loss[a] = log sum_{kind > 0} exp(s_aj) - mean_{kind = 2} s_aj   (0 without positives).
+  // Returns loss [A] and, for the backward, anchor_feats [A, d] = f_a, d_sim [A, K] =
+  // dloss_a / d<f_a, f_j> (0 where ignored or without positives) and d_anchor [A, d] =
+  // sum_k d_sim[a, k] f_j (= dloss_a / df_a). Order: (loss, anchor_feats, d_anchor, d_sim).
+  m.def("lic_infonce_fwd(Tensor features, Tensor anchors, Tensor candidates, Tensor kinds, float inv_temperature) "
+        "-> (Tensor, Tensor, Tensor, Tensor)");
+  // dL/dfeatures [N, d] from grad_loss [A] = dL/dloss and the forward's saved outputs.
+  m.def("lic_infonce_bwd(Tensor features, Tensor anchors, Tensor candidates, Tensor kinds, Tensor anchor_feats, "
+        "Tensor d_anchor, Tensor d_sim, Tensor grad_loss) -> Tensor");
 }

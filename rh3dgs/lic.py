@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from scipy.spatial import cKDTree
 
 from .errors import ConfigError, NonFiniteError, ShapeError
+from .ops.lic import lic_infonce
 
 __all__ = ["LICConfig", "radius_graph", "spherical_kmeans", "pseudo_instances", "LICLoss"]
 
@@ -312,26 +313,19 @@ class LICLoss:
         pick = torch.randperm(E, generator=self._gen)[: c.num_anchors].to(dev)
         anchors = self.eligible.to(dev)[pick]  # [A]
         A = anchors.numel()
-        nbr = self.nbr_idx.to(dev)[anchors]  # [A, M]
+        nbr = self.nbr_idx.to(dev)[anchors]  # [A, M], -1 padded
         labels = self.labels.to(dev)
         la = labels[anchors]
         valid = nbr >= 0
-        nbr_safe = nbr.clamp_min(0)
-        is_pos = valid & (labels[nbr_safe] == la[:, None])
+        is_pos = valid & (labels[nbr.clamp_min(0)] == la[:, None])
         R = c.num_random_negatives
         rnd = torch.randint(N, (A, R), generator=self._gen).to(dev)
         rnd_ok = (labels[rnd] != la[:, None]) & (rnd != anchors[:, None])
-        cand = torch.cat([nbr_safe, rnd], 1)  # [A, M + R]
-        in_set = torch.cat([valid, rnd_ok], 1)
-        pos = torch.cat([is_pos, torch.zeros_like(rnd_ok)], 1)
-
-        f = F.normalize(features, dim=-1)
-        sim = (f[anchors][:, None, :] * f[cand]).sum(-1) / c.temperature  # [A, M + R]
-        logits = sim.masked_fill(~in_set, float("-inf"))
-        log_prob = sim - torch.logsumexp(logits, dim=1, keepdim=True)
-        npos = pos.sum(1)
-        has = npos > 0
-        if not bool(has.any()):
+        cand = torch.cat([nbr, rnd], 1)  # [A, M + R]
+        # 0 = not in the set (padding, random pick of the anchor's instance), 1 = negative, 2 = positive
+        kinds = torch.cat([valid.to(torch.uint8) + is_pos.to(torch.uint8), rnd_ok.to(torch.uint8)], 1)
+        num_has = int(is_pos.any(1).sum())
+        if num_has == 0:
             return zero
-        per_anchor = -(log_prob.masked_fill(~pos, 0.0)).sum(1) / npos.clamp_min(1)
-        return per_anchor[has].mean()
+        per_anchor = lic_infonce(features, anchors, cand, kinds, c.temperature)  # 0 where no positive
+        return per_anchor.sum() / num_has

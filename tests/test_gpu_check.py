@@ -11,7 +11,7 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
                         "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     md = (tmp_path / "gpu_check.md").read_text()
-    assert "rasterize.v_means2d" in md and "RGB + semantic" in md
+    assert "rasterize.v_means2d" in md and "lic_infonce.grad" in md and "RGB + semantic" in md
     assert (tmp_path / "gpu_check.json").is_file()
 
 

@@ -184,3 +184,19 @@ def test_isolated_points_give_zero_loss():
     assert out.item() == 0.0 and lic.eligible.numel() == 0
     out.backward()
     assert torch.equal(feats.grad, torch.zeros_like(feats))
+
+
+def test_native_loss_matches_the_torch_formula():
+    """float32 features run the native op, float64 ones its torch reference: same loss and gradient."""
+    means, feats, _ = toy_scene(n=300)
+    cfg = LICConfig(radius=0.2, num_anchors=256, num_random_negatives=32, num_clusters=2, warmup_steps=0)
+    outs = []
+    for dtype in (torch.float32, torch.float64):
+        lic = LICLoss(cfg)
+        lic.refresh(means, feats)
+        f = feats.detach().to(dtype).clone().requires_grad_(True)
+        loss = lic(f, 0)
+        loss.backward()
+        outs.append((float(loss.detach()), f.grad.double()))
+    assert outs[0][0] == pytest.approx(outs[1][0], rel=1e-5)
+    assert torch.allclose(outs[0][1], outs[1][1], atol=1e-6, rtol=1e-4)

@@ -5,11 +5,13 @@
   record its contributions for :func:`aggregate_sphere_replay`.
 * :func:`isect_tiles` - tile binning.
 * :func:`relevancy` - text-query relevancy of latent rows (the query fast path).
+* :func:`lic_infonce` - the LIC multi-positive InfoNCE per anchor (autograd).
 Pure-torch references live in :mod:`rh3dgs.ops._ref`.
 """
 from .aggregate import Contributions, aggregate_sphere, aggregate_sphere_replay
 from .binning import isect_tiles
+from .lic import lic_infonce
 from .rasterize import RasterOutput, rasterize_to_pixels
 from .relevancy import relevancy
 
-__all__ = ["aggregate_sphere", "aggregate_sphere_replay", "Contributions", "isect_tiles", "rasterize_to_pixels", "RasterOutput", "relevancy"]
+__all__ = ["aggregate_sphere", "aggregate_sphere_replay", "Contributions", "isect_tiles", "rasterize_to_pixels", "RasterOutput", "relevancy", "lic_infonce"]

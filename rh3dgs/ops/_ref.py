@@ -16,7 +16,7 @@ ALPHA_MAX = 0.999
 T_MIN = 1e-4
 
 __all__ = ["_ref_rasterize_to_pixels", "_ref_aggregate_sphere", "_ref_tile_contributions", "_ref_isect_tiles",
-           "_ref_relevancy"]
+           "_ref_relevancy", "_ref_lic_infonce"]
 
 
 @torch.no_grad()
@@ -28,6 +28,22 @@ def _ref_relevancy(latents: Tensor, pos: Tensor, neg: Tensor, norm_factor: Tenso
     Q = pos.shape[0]
     cos = latents @ torch.cat([pos, neg]).to(latents).T / norm
     return relevancy_from_cosines(cos[..., :Q], cos[..., Q:], temperature)
+
+
+def _ref_lic_infonce(features: Tensor, anchors: Tensor, candidates: Tensor, kinds: Tensor,
+                     temperature: float) -> Tensor:
+    """Reference of ``lic_infonce`` (differentiable by autograd): per-anchor loss [A].
+
+    f = F.normalize(features); s_aj = <f_a, f_j> / tau over candidates of kind 1 (negative) or
+    2 (positive); loss_a = logsumexp_{kind > 0} s_aj - mean_{kind = 2} s_aj, 0 without positives.
+    """
+    f = torch.nn.functional.normalize(features, dim=-1)
+    in_set, pos = kinds > 0, kinds == 2
+    sim = (f[anchors][:, None, :] * f[candidates.clamp_min(0)]).sum(-1) / temperature  # [A, K]
+    lse = torch.logsumexp(sim.masked_fill(~in_set, float("-inf")), dim=1, keepdim=True)
+    npos = pos.sum(1)
+    per_anchor = -((sim - lse).masked_fill(~pos, 0.0)).sum(1) / npos.clamp_min(1)
+    return per_anchor.masked_fill(npos == 0, 0.0)
 
 
 @torch.no_grad()
