@@ -40,21 +40,21 @@ def _stage_breakdown(scene, cam, repeats: int) -> dict:
     """Median ms of the RGB render's stages: projection (gsplat torch), tile binning, compositing."""
     from gsplat.cuda._torch_impl import _fully_fused_projection
 
-    from rh3dgs import render as R
     from rh3dgs.ops import isect_tiles, rasterize_to_pixels
+    from rh3dgs.render import _covariances, _sh_colors  # (not `from rh3dgs import render`: that is the function)
 
     g, W, H = scene.gaussians, cam.width, cam.height
     with torch.no_grad():
-        cov = R._covariances(g)
+        cov = _covariances(g)
         radii, means2d, depths, conics, _ = _fully_fused_projection(g.means, cov, cam.viewmats, cam.Ks, W, H, eps2d=0.3,
                                                                     near_plane=0.01, far_plane=1e10)
         radii = radii.int()
         _, offsets, ids = isect_tiles(means2d, radii, depths, 16, (W + 15) // 16, (H + 15) // 16)
-        col = R._sh_colors(g, cam)
+        col = _sh_colors(g, cam)
         op = g.activated_opacities[None]
         lat = torch.cat([col, scene.field.latents[None]], -1)
         stages = {
-            "projection": lambda: _fully_fused_projection(g.means, R._covariances(g), cam.viewmats, cam.Ks, W, H,
+            "projection": lambda: _fully_fused_projection(g.means, _covariances(g), cam.viewmats, cam.Ks, W, H,
                                                           eps2d=0.3, near_plane=0.01, far_plane=1e10),
             "tile binning": lambda: isect_tiles(means2d, radii, depths, 16, (W + 15) // 16, (H + 15) // 16),
             "compositing, 3 channels": lambda: rasterize_to_pixels(means2d, conics, col, op, depths, W, H, 16,

@@ -78,7 +78,7 @@ def relevancy_maps(field_: SemanticField, latent_map: Tensor, alpha: Tensor, pos
     and negatives share one pass over the pixels (one latent norm per pixel).
     """
     rel = field_.relevancy(latent_map, positives, negatives, temperature)  # [H, W, Q]
-    return (rel * (alpha >= min_alpha)[..., None]).permute(2, 0, 1)
+    return rel.masked_fill_(~(alpha >= min_alpha)[..., None], 0.0).permute(2, 0, 1)  # (NaN alpha: 0 too)
 
 
 def heat_map(relevancy: Tensor, index: Optional[int] = None) -> Tensor:
@@ -89,7 +89,8 @@ def heat_map(relevancy: Tensor, index: Optional[int] = None) -> Tensor:
 
 
 def _to_uint8(rgb: Tensor) -> np.ndarray:
-    return (rgb.detach().float().cpu().clamp(0, 1) * 255).round().to(torch.uint8).numpy()
+    # = (clamp(rgb, 0, 1) * 255).round() bit for bit (x * 255 is monotone and exact at 0 and 255), in place
+    return (rgb.detach().float().cpu() * 255).clamp_(0, 255).round_().to(torch.uint8).numpy()
 
 
 _TURBO_LUT_SIZE = 4096
@@ -128,14 +129,14 @@ def compose_output(output: str, rgb: Tensor, heat: Optional[Tensor] = None, alph
         if alpha is not None:
             img = img * (alpha.detach().cpu() >= min_alpha)[..., None]
         return _to_uint8(img)
-    out = rgb.detach().float().cpu().clamp(0, 1)
-    sel = heat > threshold
-    if sel.any():
-        blend = overlay_heatmap(out[sel][None], heat[sel][None], threshold=threshold)[0]  # [M, 3] uint8
-        img = _to_uint8(out)
-        img[sel.numpy()] = blend
-        return img
-    return _to_uint8(out)
+    rgb = rgb.detach().float().cpu().contiguous()  # a slice of an RGB + latents render is strided: copy once
+    img = _to_uint8(rgb)
+    idx = torch.nonzero((heat > threshold).reshape(-1)).squeeze(1)  # the selected pixels, flat
+    if idx.numel():
+        # overlay_heatmap clamps rgb and heat itself
+        blend = overlay_heatmap(rgb.reshape(-1, 3)[idx][None], heat.reshape(-1)[idx][None], threshold=threshold)[0]
+        img.reshape(-1, 3)[idx.numpy()] = blend  # [M, 3] uint8
+    return img
 
 
 def select_gaussians(relevancy: Tensor, threshold: float, index: Optional[int] = None) -> Tensor:
