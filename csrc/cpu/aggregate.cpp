@@ -58,17 +58,7 @@ struct SegmentSums {
       }
       return;
     }
-    float cosv;
-    if constexpr (kV > 0) {
-      vf16 dot{};
-      for (int u = 0; u < kV; ++u) dot += load16(mi + 16 * u) * load16(z + 16 * u);
-      cosv = hsum16(dot);
-    } else {
-#pragma omp simd
-      for (int64_t d = 0; d < D; ++d) prod[d] = mi[d] * z[d];
-      cosv = tree_sum<CT>(prod, D);
-    }
-    cosv = std::max(-1.0f, std::min(1.0f, cosv));
+    const float cosv = std::max(-1.0f, std::min(1.0f, dot<CT>(mi, z, prod, D)));
     // |z| = |mu| = 1: sin(theta) = sqrt(1 - cos^2). Its rounding near theta = 0 only
     // perturbs theta / sin(theta) = 1 + O(theta^2), so the tangent step stays accurate.
     const float sinv = std::sqrt(std::max(0.0f, 1.0f - cosv * cosv));

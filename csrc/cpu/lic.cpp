@@ -24,7 +24,7 @@
 
 #include "dispatch.h"
 #include "fastmath.h"
-#include "reduce.h"
+#include "reduce.h"  // dot<CT>
 #include "vec16.h"
 
 namespace rh3dgs {
@@ -32,23 +32,6 @@ namespace {
 
 constexpr float kNormEps = 1e-12f;
 constexpr int64_t kPrefetch = 8;  // candidates ahead
-
-// <u, v> of d floats: 16-float vectors when d is a compile-time multiple of 16, else a product
-// and a pairwise sum in tmp (d floats of scratch). Fixed order: deterministic.
-template <int CT>
-inline float dot(const float* __restrict u, const float* __restrict v, float* __restrict tmp, int64_t d_rt) {
-  constexpr int kV = (CT > 0 && CT % 16 == 0) ? CT / 16 : 0;
-  if constexpr (kV > 0) {
-    vf16 acc = load16(u) * load16(v);
-    for (int i = 1; i < kV; ++i) acc += load16(u + 16 * i) * load16(v + 16 * i);
-    return hsum16(acc);
-  } else {
-    const int64_t d = CT > 0 ? CT : d_rt;
-#pragma omp simd
-    for (int64_t i = 0; i < d; ++i) tmp[i] = u[i] * v[i];
-    return tree_sum<CT>(tmp, d);
-  }
-}
 
 // 1 / max(|x|, eps): the scale of F.normalize.
 inline float inv_norm_of(float norm2) { return 1.0f / std::max(std::sqrt(norm2), kNormEps); }

@@ -1,4 +1,4 @@
-// Horizontal sums for the CPU kernels.
+// Horizontal sums and dot products for the CPU kernels.
 //
 // Without -ffast-math a `#pragma omp simd reduction(+ : s)` may still be summed in order: n
 // dependent adds (4 cycles each), which made the 16-channel and 64-dimension dot products of
@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+
+#include "vec16.h"
 
 namespace rh3dgs {
 
@@ -23,6 +25,24 @@ inline float tree_sum(float* __restrict x, int64_t n_rt) {
     m = rest;
   }
   return x[0];
+}
+
+// <u, v> of n floats in a fixed order (deterministic): 16-float vectors and a shuffle-tree sum when
+// n = CT is a compile-time multiple of 16, else the products in tmp (n floats of scratch, overwritten)
+// and tree_sum.
+template <int CT>
+inline float dot(const float* __restrict u, const float* __restrict v, float* __restrict tmp, int64_t n_rt) {
+  constexpr int kV = (CT > 0 && CT % 16 == 0) ? CT / 16 : 0;
+  if constexpr (kV > 0) {
+    vf16 acc{};
+    for (int i = 0; i < kV; ++i) acc += load16(u + 16 * i) * load16(v + 16 * i);
+    return hsum16(acc);
+  } else {
+    const int64_t n = CT > 0 ? CT : n_rt;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) tmp[i] = u[i] * v[i];
+    return tree_sum<CT>(tmp, n);
+  }
 }
 
 }  // namespace rh3dgs

@@ -103,7 +103,8 @@ at::Tensor relevancy_cpu(const at::Tensor& latents_, const at::Tensor& pos_, con
   // M [K, d]: the rows of the product (queries, negatives, R)
   const auto M = at::cat({pos_, neg_, norm_factor_}, 0).contiguous();
   auto out = at::empty({P, Q}, latents.options());
-  if (P == 0 || d == 0) return out.fill_(d == 0 ? 0.5f : 0.0f);
+  if (P == 0) return out;
+  if (d == 0) return out.fill_(0.5f);  // zero latents: every cosine is 0
   dispatch_channels(d, [&](auto ct) {
     relevancy_blocks<decltype(ct)::value>(latents.data_ptr<float>(), latents.stride(0), P, d, M.data_ptr<float>(), Q,
                                           J, K, (float)temperature, out.data_ptr<float>());

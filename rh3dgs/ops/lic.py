@@ -68,7 +68,7 @@ def lic_infonce(features: Tensor, anchors: Tensor, candidates: Tensor, kinds: Te
     if dev.type != "cpu":  # the CPU kernel checks indices itself; a CUDA kernel cannot raise
         N = features.shape[0]
         used = candidates[kinds > 0]
-        bad = (anchors < 0) | (anchors >= N)
-        if bool(bad.any()) or bool(((used < 0) | (used >= N)).any()) or bool((kinds > 2).any()):
+        bad = ((anchors < 0) | (anchors >= N)).any() | ((used < 0) | (used >= N)).any() | (kinds > 2).any()
+        if bool(bad):  # one device sync
             raise ShapeError(f"lic_infonce: an anchor or a used candidate is outside [0, {N}) or a kind is not 0, 1, 2")
     return _LicInfoNCENative.apply(features.contiguous(), anchors, candidates, kinds, 1.0 / float(temperature))
