@@ -24,7 +24,7 @@ PAIRS = 9
 def measure(part: str) -> dict:
     """Everything, in this interpreter (run by :func:`main` in a fresh one: its peak RSS is its own)."""
     from rh3dgs.lic import LICConfig, LICLoss
-    from rh3dgs.render import render
+    from rh3dgs.rendering import render
     from rh3dgs.vfm import pixel_loss
 
     g = random_scene(N, scale=0.03)

@@ -50,8 +50,8 @@ def main(dims=(64, 512), scenes=("surfaces", "random cube")) -> dict:
 
 
 def run_scene(g, cams, dims):
-    from rh3dgs.lift import LiftConfig, lift
-    from rh3dgs.render import render
+    from rh3dgs.lifting import LiftConfig, lift
+    from rh3dgs.rendering import render
 
     def plain():
         with torch.no_grad():

@@ -70,7 +70,7 @@ def _query_vs_render(size: int = 256, phrases: int = 8) -> dict:
     """Median times of rendering one view (RGB + latents) and of querying 8 phrases on it."""
     from bench_viewer import build_scene
 
-    from rh3dgs.render import render
+    from rh3dgs.rendering import render
     from rh3dgs.viewer.controls import relevancy_maps
 
     scene = build_scene()

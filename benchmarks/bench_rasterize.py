@@ -19,7 +19,7 @@ N, SIZE, C = 20_000, 256, 16
 
 
 def _inputs():
-    from rh3dgs.render import project
+    from rh3dgs.rendering import project
 
     g = random_scene(N)
     cams = orbit(1, SIZE)

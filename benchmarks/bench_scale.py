@@ -59,7 +59,7 @@ def measure_large() -> dict:
     from rh3dgs.api import Scene
     from rh3dgs.field import SemanticField
     from rh3dgs.io.ply import load_ply, save_ply
-    from rh3dgs.lift import LiftConfig, lift
+    from rh3dgs.lifting import LiftConfig, lift
     from rh3dgs.memory import ply_bytes_per_gaussian
 
     stages = {}
@@ -120,8 +120,8 @@ def measure_large() -> dict:
 def measure(part: str) -> dict:
     if part == "large":
         return {"part": part, **measure_large()}
-    from rh3dgs.lift import LiftConfig, lift
-    from rh3dgs.render import render
+    from rh3dgs.lifting import LiftConfig, lift
+    from rh3dgs.rendering import render
 
     g = random_scene(N, scale=0.015)
     cams = orbit(VIEWS, SIZE)

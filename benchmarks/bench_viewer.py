@@ -41,7 +41,7 @@ def _stage_breakdown(scene, cam, repeats: int) -> dict:
     from gsplat.cuda._torch_impl import _fully_fused_projection
 
     from rh3dgs.ops import isect_tiles, rasterize_to_pixels
-    from rh3dgs.render import _covariances, _sh_colors  # (not `from rh3dgs import render`: that is the function)
+    from rh3dgs.rendering import _covariances, _sh_colors  # (not `from rh3dgs import render`: that is the function)
 
     g, W, H = scene.gaussians, cam.width, cam.height
     with torch.no_grad():

@@ -36,7 +36,7 @@ def _max_err(a: torch.Tensor, b: torch.Tensor) -> float:
 def agreement(dev: torch.device, n: int, size: int) -> dict:
     """Max abs differences between the ops on ``dev`` and the CPU kernels, on one random scene."""
     from rh3dgs.ops import aggregate_sphere, isect_tiles, lic_infonce, rasterize_to_pixels, relevancy
-    from rh3dgs.render import project
+    from rh3dgs.rendering import project
 
     g = random_scene(n, scale=0.03)
     cams = orbit(2, size)
@@ -98,7 +98,7 @@ def frame_rates(dev: torch.device, n: int, width: int, height: int, repeats: int
     """Frames per second of RGB and RGB + 16 latents (+ relevancy of one query) at width x height."""
     from rh3dgs import Cameras
     from rh3dgs.field import SemanticField
-    from rh3dgs.render import render
+    from rh3dgs.rendering import render
 
     g = random_scene(n, scale=0.02).to(dev)
     gen = torch.Generator().manual_seed(1)

@@ -11,7 +11,7 @@ import rh3dgs
 from rh3dgs.data.synthetic import SceneConfig, make_scene, write_dataset
 from rh3dgs.data.teacher_sim import simulate_teacher
 from rh3dgs.field import SemanticField
-from rh3dgs.lift import LiftConfig, lift
+from rh3dgs.lifting import LiftConfig, lift
 from rh3dgs.teachers import PrecomputedTeacher
 from rh3dgs.viz import overlay_heatmap
 from rh3dgs.io.atomic import atomic_save_png

@@ -16,12 +16,12 @@ from .gaussians import Gaussians
 
 # name -> module that defines it; resolved lazily (PEP 562)
 _LAZY = {
-    "render": "rh3dgs.render",
-    "RenderResult": "rh3dgs.render",
+    "render": "rh3dgs.rendering",
+    "RenderResult": "rh3dgs.rendering",
     "load_ply": "rh3dgs.io.ply",
     "save_ply": "rh3dgs.io.ply",
     "load_transforms": "rh3dgs.io.transforms",
-    "lift": "rh3dgs.lift",
+    "lift": "rh3dgs.lifting",
     "load": "rh3dgs.api",
     "Scene": "rh3dgs.api",
     "save_scene": "rh3dgs.api",
@@ -43,5 +43,5 @@ if TYPE_CHECKING:  # pragma: no cover
     from .io.ply import load_ply, save_ply  # noqa: F401
     from .io.transforms import load_transforms  # noqa: F401
     from .api import Scene, load, save_scene  # noqa: F401
-    from .lift import lift  # noqa: F401
-    from .render import RenderResult, render  # noqa: F401
+    from .lifting import lift  # noqa: F401
+    from .rendering import RenderResult, render  # noqa: F401

@@ -128,14 +128,14 @@ class Scene:
     # ---------------------------------------------------------------- rendering
     def render(self, camera: CameraLike) -> Tensor:
         """[H, W, 3] RGB."""
-        from .render import render
+        from .rendering import render
 
         with torch.no_grad():
             return render(self.gaussians, self._camera(camera)).rgb[0]
 
     def render_latents(self, camera: CameraLike):
         """(latent map [H, W, d], alpha [H, W], rgb [H, W, 3]) in one rasterization."""
-        from .render import render
+        from .rendering import render
 
         f = self._require_field()
         with torch.no_grad():

@@ -64,7 +64,7 @@ def cmd_render(args) -> int:
 
     from .io.ply import load_ply
     from .io.transforms import load_transforms
-    from .render import render
+    from .rendering import render
 
     gaussians = load_ply(args.scene)
     cams, images = load_transforms(args.transforms, check_images=False)
@@ -82,7 +82,7 @@ def cmd_demo(args) -> int:
     import torch
 
     from .data.synthetic import SceneConfig, make_scene, write_dataset
-    from .render import render
+    from .rendering import render
 
     t0 = time.time()
     out = prepare_output_dir(args.output, args.overwrite)
@@ -172,7 +172,7 @@ def cmd_lift(args) -> int:
     from .field import SemanticField
     from .io.ply import load_ply
     from .io.transforms import load_transforms
-    from .lift import LiftConfig, lift
+    from .lifting import LiftConfig, lift
     from .memory import lift_memory_estimate
 
     data = Path(args.data)

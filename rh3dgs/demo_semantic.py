@@ -17,8 +17,8 @@ from .data.teacher_sim import TeacherSimConfig, simulate_teacher
 from .eval.metrics import miou_3d, semantic_miou
 from .field import SemanticField
 from .io.atomic import atomic_save_json, atomic_save_png
-from .lift import LiftConfig, lift
-from .render import render
+from .lifting import LiftConfig, lift
+from .rendering import render
 from .teachers import PrecomputedTeacher
 from .viz import overlay_heatmap
 

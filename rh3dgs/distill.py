@@ -2,7 +2,7 @@
 
 Optimises per-Gaussian latents ``f [N, d]`` and a linear decoder ``Dec [D, d]`` so that the
 rendered, decoded, normalised features ``z_hat(u) = normalize(Dec sum_i w_i(u) f_i)`` match
-the teacher maps ``z(u)``. Rendering goes through :func:`rh3dgs.render.render` (differentiable
+the teacher maps ``z(u)``. Rendering goes through :func:`rh3dgs.rendering.render` (differentiable
 w.r.t. the latents); the geometry (means, scales, rotations, opacities) is not touched, so
 this is the semantic half of the paper's objective ``L_rgb + lambda_sem L_VFM + lambda_con L_LIC``
 with ``L_rgb`` dropped.
@@ -27,7 +27,7 @@ Loss variants (the ablation switches of :class:`DistillConfig`):
   feature count (the baseline's "uniform weights" are uniform over these).
 * *Initialisation* ``init="pca"`` (default): decoder = uncentred PCA basis of the teacher
   pixels (the same basis the lift uses), latents ``~ N(0, init_scale^2)``;
-  ``init="lift"``: latents and decoder from the training-free lift (:mod:`rh3dgs.lift`).
+  ``init="lift"``: latents and decoder from the training-free lift (:mod:`rh3dgs.lifting`).
 * *Schedules*: VFM's ``anneal_steps`` and LIC's ``warmup_steps`` / ``refresh_every`` default to
   fractions of ``steps`` (full anneal over the run; LIC from 40 % of the run, labels
   refreshed 4 times), because the paper's 10k / 5k-step defaults assume a 30k-step run.
@@ -55,16 +55,14 @@ from .cameras import Cameras
 from .errors import ConfigError
 from .gaussians import Gaussians
 from .lic import LICConfig, LICLoss
-from .lift import LiftConfig, _get_map, _prepare_map, lift, pca_decoder
+from .lifting import LiftConfig, lift, pca_decoder
 from .progress import track
-from .render import render
+from .rendering import render
+from .teachers.maps import TeacherMaps, prepare_maps
 from .vcd import VCDConfig, reliability_weights
 from .vfm import VFMConfig, vfm_loss
 
 __all__ = ["DistillConfig", "DistillResult", "distill"]
-
-TeacherMaps = Union[Tensor, Sequence[Tensor], Callable[[int], Tensor]]
-
 
 @dataclass
 class DistillConfig:
@@ -171,7 +169,7 @@ def distill(
     gen = torch.Generator().manual_seed(int(cfg.seed))
 
     # ---- teacher maps and constant per-view statistics (geometry is fixed)
-    maps = torch.stack([_prepare_map(_get_map(teacher_maps, i), i, H, W) for i in range(B)]).to(dev)  # [B,H,W,D]
+    maps = prepare_maps(teacher_maps, range(B), (H, W), dev)  # [B,H,W,D]
     D = maps.shape[-1]
     ones = torch.ones(N, 1, device=dev, requires_grad=True)
     weights = []

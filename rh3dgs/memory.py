@@ -41,7 +41,7 @@ import torch
 __all__ = ["MemoryEstimate", "lift_memory_estimate", "ply_bytes_per_gaussian"]
 
 
-_CACHE_BYTES = 2e9  # rh3dgs.lift's budget for the caches across passes
+_CACHE_BYTES = 2e9  # rh3dgs.lifting's budget for the caches across passes
 _CONTRIBUTIONS_PER_PIXEL = 20  # assumed for the recorded contributions (17 measured on dense surfaces)
 
 
@@ -71,7 +71,7 @@ class MemoryEstimate:
 
 def lift_memory_estimate(n: int, views: int, height: int, width: int, dim: int, views_per_batch: int = 8,
                          threads: int = 0, max_batch_gaussians: int = 4_000_000) -> MemoryEstimate:
-    """:class:`MemoryEstimate` of ``rh3dgs.lift.lift`` (defaults of :class:`rh3dgs.lift.LiftConfig`)."""
+    """:class:`MemoryEstimate` of ``rh3dgs.lifting.lift`` (defaults of :class:`rh3dgs.lifting.LiftConfig`)."""
     t = threads or torch.get_num_threads()
     b = max(1, min(views_per_batch, views, max_batch_gaussians // max(n, 1)))
     detail = {
@@ -84,7 +84,7 @@ def lift_memory_estimate(n: int, views: int, height: int, width: int, dim: int, 
     recorded = min(_CACHE_BYTES / 2, views * height * width * _CONTRIBUTIONS_PER_PIXEL * 13)
     cached = streaming + views * (n * 56 + height * width * (dim + 1) * 4) + int(recorded)
     compact = int(min(_CACHE_BYTES, views * (n * 36 + height * width * (dim + 1) * 4)))
-    full = views * n * 40 + views * height * width * 4 * (1 + dim) < _CACHE_BYTES  # rh3dgs.lift's rule
+    full = views * n * 40 + views * height * width * 4 * (1 + dim) < _CACHE_BYTES  # rh3dgs.lifting's rule
     return MemoryEstimate(streaming, cached, detail, compact, full)
 
 

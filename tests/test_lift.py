@@ -7,9 +7,9 @@ import torch
 
 from _scenes import random_lift_scene
 from rh3dgs.errors import ConfigError, NonFiniteError
-from rh3dgs.lift import LiftConfig, lift
+from rh3dgs.lifting import LiftConfig, lift
 from rh3dgs.ops._ref import _ref_tile_contributions
-from rh3dgs.render import render
+from rh3dgs.rendering import render
 from rh3dgs.sphere import geodesic_distance, robust_frechet_mean
 from rh3dgs.vcd import reliability_weights
 
@@ -116,7 +116,7 @@ def test_compact_cache_is_exact(use_vcd):
 def test_compact_cache_needs_the_pixel_ending_gaussians(monkeypatch):
     """Keeping only the contributors would change the result: dropped Gaussians that end a pixel
     let the ones behind them composite there. Guards the second pass of the compaction."""
-    import rh3dgs.lift as lift_mod
+    import rh3dgs.lifting as lift_mod
 
     gs, cams, maps = _dense_scene(seed=4)
     cfg = LiftConfig(iters=2, views_per_batch=1, cache_projections=False, latent_dim=0)
@@ -141,7 +141,7 @@ def test_compact_cache_needs_the_pixel_ending_gaussians(monkeypatch):
 @pytest.mark.parametrize("budget", ["nothing", "half", "all but the last maps", "all"])
 def test_compact_cache_budget(monkeypatch, budget):
     """Views whose compact data do not fit are recomputed each pass; maps that do not fit are requested again."""
-    import rh3dgs.lift as lift_mod
+    import rh3dgs.lifting as lift_mod
 
     gs, cams, maps = _dense_scene(seed=5)
     V = len(cams)

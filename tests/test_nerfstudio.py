@@ -312,7 +312,7 @@ def test_semantic_training_keeps_rgb_psnr_of_plain_splatfacto(trained_run):
 def test_load_nerfstudio_scene_and_export(trained_run, tmp_path):
     from rh3dgs.io.ply import load_ply
     from rh3dgs.nerfstudio.export import export_semantic_ply, load_nerfstudio_scene
-    from rh3dgs.render import render
+    from rh3dgs.rendering import render
 
     cfg, _, data = trained_run
     g, dec, cams, spec = load_nerfstudio_scene(cfg)

@@ -212,7 +212,7 @@ def test_selection_count_and_tint(pipe, panel):
     plain = m.get_outputs_for_camera(_camera(pipe, i))["composited"]
     panel.q5_show_selection.value = True
     tinted = out["composited"]
-    from rh3dgs.render import render
+    from rh3dgs.rendering import render
 
     g = m.gaussians_for_render(detach=True)
     from rh3dgs.nerfstudio.pipeline import train_cameras_as_rh3dgs

@@ -34,3 +34,23 @@ def test_cpu_render_never_loads_gsplat_cuda_backend():
     )
     p = _run(code)
     assert p.returncode == 0, p.stderr[-3000:]
+
+
+def test_no_public_function_is_shadowed_by_a_submodule():
+    """Importing any submodule (as `from rh3dgs.x import y` does) leaves rh3dgs.render / lift / load callable."""
+    code = (
+        "import importlib, pkgutil, rh3dgs\n"
+        "skip = ('rh3dgs.nerfstudio', 'rh3dgs.viewer', 'rh3dgs.distributed')\n"
+        "for m in pkgutil.walk_packages(rh3dgs.__path__, 'rh3dgs.'):\n"
+        "    if not m.name.startswith(skip) and m.name != 'rh3dgs._C':\n"
+        "        importlib.import_module(m.name)\n"
+        "from rh3dgs.rendering import render as r1\n"
+        "from rh3dgs.lifting import lift as l1\n"
+        "names = [n for n in ('render', 'lift', 'load') if not callable(getattr(rh3dgs, n))]\n"
+        "assert not names, names\n"
+        "assert rh3dgs.render is r1 and rh3dgs.lift is l1\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("ok")

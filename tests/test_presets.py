@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from rh3dgs.errors import ConfigError
-from rh3dgs.lift import LiftConfig
+from rh3dgs.lifting import LiftConfig
 from rh3dgs.presets import load_preset
 from rh3dgs.vcd import VCDConfig
 

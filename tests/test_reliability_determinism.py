@@ -31,8 +31,8 @@ def compute() -> dict:
     from rh3dgs.eval.metrics import miou
     from rh3dgs.eval.protocols import lerf_ovs_iou, ovs3d_eval
     from rh3dgs.field import SemanticField
-    from rh3dgs.lift import LiftConfig, lift
-    from rh3dgs.render import render
+    from rh3dgs.lifting import LiftConfig, lift
+    from rh3dgs.rendering import render
 
     torch.manual_seed(0)
     gs, cams, maps = _inputs()

@@ -4,7 +4,7 @@ import math
 import torch
 
 from rh3dgs import Cameras, Gaussians
-from rh3dgs.render import render
+from rh3dgs.rendering import render
 from rh3dgs.vcd import VCDConfig, reliability_weights
 
 

@@ -260,7 +260,7 @@ def write_dataset(scene: SyntheticScene, out_dir, progress: bool = True) -> Dict
     from ..io.ply import save_ply
     from ..io.transforms import save_transforms
     from ..progress import track
-    from ..render import render
+    from ..rendering import render
 
     out = Path(out_dir)
     for sub in ("images", "depth", "masks"):

@@ -450,7 +450,7 @@ def run_suite(out_dir: PathLike, cfg: Optional[SuiteConfig] = None, work_dir: Op
     from ..data.teacher_sim import TeacherSimConfig, make_prototypes, simulate_feature_maps, upsample_feature_map
     from ..distill import DistillConfig, distill
     from ..field import SemanticField
-    from ..lift import LiftConfig, lift
+    from ..lifting import LiftConfig, lift
 
     cfg = cfg or SuiteConfig()
     if cfg.threads:

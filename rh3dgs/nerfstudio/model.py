@@ -7,7 +7,7 @@ A subclass of nerfstudio's :class:`SplatfactoModel`; what it changes:
   removes *every* entry of the params dict together with its optimizer state) carries it.
 * ``decoder`` [D, d]: a linear decoder (nn.Parameter, its own optimizer group); initialised
   from an uncentred PCA of the teacher features, or from the training-free lift
-  (:func:`rh3dgs.lift.lift`), by :meth:`initialize_semantics` (called by the pipeline).
+  (:func:`rh3dgs.lifting.lift`), by :meth:`initialize_semantics` (called by the pipeline).
 * Rendering: ONE :func:`rh3dgs.render` call per camera composites RGB and the latents and
   returns the render statistics A, D1, D2. It runs where the tensors are (rh3dgs's native
   CPU op on CPU; gsplat projection + rh3dgs / gsplat CUDA rasterization on CUDA); no CPU
@@ -52,6 +52,7 @@ from ..cameras import Cameras
 from ..errors import ConfigError, NonFiniteError
 from ..gaussians import Gaussians
 from ..lic import LICConfig, LICLoss
+from ..teachers.maps import prepare_map
 from ..vcd import VCDConfig, reliability_weights
 from ..vfm import VFMConfig, vfm_loss
 
@@ -99,7 +100,7 @@ def _area_resize(t: Tensor, size: Tuple[int, int]) -> Tensor:
 
 
 def _bilinear_resize(t: Tensor, size: Tuple[int, int]) -> Tensor:
-    """[H, W, C] -> [h, w, C] bilinear."""
+    """[H, W, C] -> [h, w, C] bilinear (masks; teacher maps go through :func:`prepare_map`)."""
     if tuple(t.shape[:2]) == tuple(size):
         return t
     return F.interpolate(t.permute(2, 0, 1)[None].float(), size=size, mode="bilinear",
@@ -321,7 +322,7 @@ class Rh3dgsModel(SplatfactoModel):
             teacher_maps: per training view [h, w, D] unit teacher features (any resolution).
             cameras: rh3dgs cameras of those views at the image size (needed for 'lift').
         """
-        from ..lift import LiftConfig, lift, pca_decoder
+        from ..lifting import LiftConfig, lift, pca_decoder
 
         cfg = self.config
         if len(teacher_maps) == 0:
@@ -407,7 +408,7 @@ class Rh3dgsModel(SplatfactoModel):
         return out
 
     def get_outputs(self, camera: NSCameras) -> Dict[str, Union[Tensor, List]]:
-        from ..render import render
+        from ..rendering import render
 
         if not isinstance(camera, NSCameras):
             return {}
@@ -519,8 +520,7 @@ class Rh3dgsModel(SplatfactoModel):
         lat, A, D1, D2 = (_area_resize(t, size) for t in (lat, A, D1, D2))
         A, D1, D2 = A[..., 0], D1[..., 0], D2[..., 0]
         with torch.no_grad():
-            teacher = _bilinear_resize(batch["teacher"].to(lat.device), size)
-            teacher = F.normalize(teacher, dim=-1)[None]
+            teacher = prepare_map(batch["teacher"].to(lat.device), size)[None]
             valid = teacher.norm(dim=-1) > 0.5
             if self.config.semantic_min_coverage > 0:
                 valid = valid & (A >= self.config.semantic_min_coverage)
@@ -642,7 +642,7 @@ class Rh3dgsModel(SplatfactoModel):
             sem = self._semantic_metrics(outputs, batch)
             metrics.update({k: float(v) for k, v in sem.items()})
             H, W = outputs["latents"].shape[:2]
-            t = F.normalize(_bilinear_resize(batch["teacher"].to(self.device), (H, W)), dim=-1)
+            t = prepare_map(batch["teacher"].to(self.device), (H, W))
             U = torch.linalg.svd(self.decoder.detach().float(), full_matrices=False)[0][:, :3]
             tv = t @ U
             if tv.shape[-1] < 3:

@@ -305,7 +305,7 @@ class TextQueryPanel(torch.nn.Module):
     @staticmethod
     def selection_fraction(gaussians, cameras, mask: Tensor) -> Tensor:
         """[H, W, 1]: the part of each pixel's colour that comes from Gaussians in ``mask`` [N] (one render)."""
-        from ..render import render
+        from ..rendering import render
 
         feat = mask.to(gaussians.means.device).float()[:, None]
         res = render(gaussians, cameras, feat, rgb=False)

@@ -59,17 +59,9 @@ def upsample_features(fmap: torch.Tensor, out_size: Optional[Tuple[int, int]] = 
     float32. Pixels whose interpolated vector is (numerically) zero - which can only
     happen between opposite vectors - stay zero.
     """
-    if fmap.ndim != 3:
-        raise ShapeError(f"feature map must be [h, w, D], got shape {tuple(fmap.shape)}")
-    fmap = fmap.float()
-    if out_size is not None:
-        H, W = int(out_size[0]), int(out_size[1])
-        if H <= 0 or W <= 0:
-            raise ShapeError(f"out_size must be positive, got {out_size}")
-        if (H, W) != tuple(fmap.shape[:2]):
-            fmap = F.interpolate(fmap.permute(2, 0, 1)[None], size=(H, W), mode="bilinear",
-                                 align_corners=False)[0].permute(1, 2, 0)
-    return F.normalize(fmap, dim=-1, eps=eps).contiguous()
+    from .maps import prepare_map
+
+    return prepare_map(fmap, tuple(fmap.shape[:2]) if out_size is None else out_size)
 
 
 def load_image(path: PathLike) -> torch.Tensor:

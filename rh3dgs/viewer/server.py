@@ -4,7 +4,7 @@ One render thread per connected browser: while the camera moves it renders at
 ``moving_res`` pixels on the long side, once the camera has been still for ``still_delay``
 seconds (or a control changed) it renders at ``max_res``. Frames go to the browser with
 ``client.scene.set_background_image``; each client's panel shows its last frame time.
-Rendering goes through :func:`rh3dgs.render.render` on the scene's device; a lock keeps
+Rendering goes through :func:`rh3dgs.rendering.render` on the scene's device; a lock keeps
 one render at a time (clients share the CPU / GPU).
 """
 from __future__ import annotations
@@ -126,7 +126,7 @@ def render_frame(scene, controls: QueryControls, camera: Cameras, cache: Optiona
     With a ``cache``, a camera equal to the last one re-uses its render (0 s rendering) when it has
     the maps needed (a latent map when a heat map is shown).
     """
-    from ..render import render
+    from ..rendering import render
 
     state = controls.state
     want = controls.wants_latents(state)

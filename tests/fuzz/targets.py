@@ -238,7 +238,7 @@ def _scannet_points(work: Path, data: bytes) -> None:
 
 
 def _lift_preset(work: Path, data: bytes) -> None:
-    from rh3dgs.lift import LiftConfig
+    from rh3dgs.lifting import LiftConfig
     from rh3dgs.presets import load_preset
 
     (work / "preset.yaml").write_bytes(data)

@@ -51,13 +51,11 @@ from .errors import ConfigError, NonFiniteError, ShapeError
 from .gaussians import Gaussians
 from .ops import Contributions, aggregate_sphere, aggregate_sphere_replay
 from .progress import track
-from .render import Projection, render
+from .rendering import Projection, render
+from .teachers.maps import TeacherMaps, get_map, map_dim, prepare_map
 from .vcd import VCDConfig, reliability_weights
 
 __all__ = ["LiftConfig", "LiftResult", "lift", "pca_decoder"]
-
-TeacherMaps = Union[Tensor, Sequence[Tensor], Callable[[int], Tensor]]
-
 
 @dataclass
 class LiftConfig:
@@ -143,33 +141,6 @@ class LiftResult:
     latents: Optional[Tensor]
     decoder: Optional[Tensor]
     info: Dict[str, object]
-
-
-def _get_map(teacher_maps: TeacherMaps, i: int) -> Tensor:
-    m = teacher_maps(i) if callable(teacher_maps) else teacher_maps[i]
-    return torch.as_tensor(m)
-
-
-def _map_dim(teacher_maps: TeacherMaps) -> int:
-    return int(_get_map(teacher_maps, 0).shape[-1])
-
-
-def _prepare_map(m: Tensor, i: int, H: int, W: int) -> Tensor:
-    """Teacher map of view i -> [H, W, D] float32 unit (bilinear upsampling if needed)."""
-    if m.dim() != 3:
-        raise ShapeError(f"teacher map of view {i} must be [h, w, D], got {list(m.shape)}")
-    m = m.float()
-    if not torch.isfinite(m).all():  # checked before upsampling: bilinear weights keep values finite
-        raise NonFiniteError(f"teacher map of view {i} contains NaN / Inf")
-    if m.shape[:2] != (H, W):
-        # channels-last in and out: the [H, W, D] result needs no permuting copy
-        x = m.permute(2, 0, 1)[None].contiguous(memory_format=torch.channels_last)
-        m = torch.nn.functional.interpolate(x, size=(H, W), mode="bilinear", align_corners=False)[0].permute(1, 2, 0)
-        m = m.contiguous()  # a view of channels-last memory: no copy
-    else:
-        m = m.clone()  # normalised in place below; the caller's map stays as it was
-    n = torch.linalg.vector_norm(m, dim=-1, keepdim=True)
-    return m.mul_(torch.where(n > 1e-8, 1.0 / n.clamp_min(1e-8), 0.0))  # unit rows, zero rows stay zero
 
 
 _CACHE_BYTES = 2e9  # budget of the caches across passes
@@ -288,7 +259,7 @@ def lift(
     chunks = [list(range(s, min(s + per_batch, B))) for s in range(0, B, per_batch)]
     if cfg.cache_projections is None:
         # projection (~40 B / Gaussian / view) + weights + upsampled teacher maps (the stream's memory bound)
-        cache = B * N * 40 + B * H * W * 4 * (1 + _map_dim(teacher_maps)) < _CACHE_BYTES
+        cache = B * N * 40 + B * H * W * 4 * (1 + map_dim(teacher_maps)) < _CACHE_BYTES
     else:
         cache = cfg.cache_projections
     irls = cfg.method != "euclidean" and cfg.iters > 0
@@ -307,14 +278,14 @@ def lift(
         """[b, H, W, D] unit maps of views idx (``raws``: also collect the maps as given)."""
         out = []
         for i in idx:
-            m = _get_map(teacher_maps, i)
+            m = get_map(teacher_maps, i)
             if raws is not None:
                 raws.append(m)
-            out.append(_prepare_map(m, i, H, W))
+            out.append(prepare_map(m, (H, W), i))
         return torch.stack(out).to(dev)
 
     def view_map(v: _CompactView) -> Tensor:
-        return v.maps if v.maps_prepared else _prepare_map(v.maps, v.view, H, W)[None].to(dev)
+        return v.maps if v.maps_prepared else prepare_map(v.maps, (H, W), v.view)[None].to(dev)
 
     raws: List[Tensor] = []  # the maps of the chunk just rendered, as given (for the compact cache)
 
@@ -409,7 +380,7 @@ def lift(
                 del proj, w  # before the next chunk is rendered
             del maps
         if not acc:  # no views, or no Gaussian seen
-            D = _map_dim(teacher_maps)
+            D = map_dim(teacher_maps)
             acc.extend([torch.zeros(N, device=dev), torch.zeros(N, D, device=dev), torch.zeros(N, device=dev)])
         return acc[0], acc[1], acc[2]
 
