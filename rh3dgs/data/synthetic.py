@@ -23,23 +23,28 @@ import torch
 from ..cameras import Cameras
 from ..gaussians import Gaussians
 
-__all__ = ["SceneConfig", "SyntheticScene", "make_scene", "orbit_cameras", "write_dataset", "rotmat_to_quat"]
+__all__ = ["SceneConfig", "SyntheticScene", "LAYOUTS", "make_scene", "orbit_cameras", "all_cameras", "write_dataset",
+           "rotmat_to_quat"]
 
 
 @dataclass
 class SceneConfig:
     """Settings of :func:`make_scene`.
 
-    seed: RNG seed (scene layout, sampling, textures).
+    seed: RNG seed (object jitter, sampling, textures).
+    layout: which object set (:data:`LAYOUTS`; 0 = the original table-top scene).
     gaussians_per_unit_area: surface sampling density (Gaussians per m^2).
     floor_size: side length of the square floor (m).
     texture_noise: std of per-Gaussian colour jitter (texture).
     num_views: cameras on the orbit; image_size: square image side in pixels.
     orbit_radius, orbit_heights: camera orbit (m); cameras look at the scene centre.
     fov_deg: horizontal field of view.
+    heldout_views, heldout_heights: extra cameras for held-out evaluation (``SyntheticScene.heldout_cameras``),
+        on the same circle at other heights, their azimuths half-way between the training cameras'.
     """
 
     seed: int = 0
+    layout: int = 0
     gaussians_per_unit_area: float = 6000.0
     floor_size: float = 3.0
     texture_noise: float = 0.04
@@ -48,6 +53,14 @@ class SceneConfig:
     orbit_radius: float = 3.2
     orbit_heights: Tuple[float, ...] = (1.2, 2.0)
     fov_deg: float = 50.0
+    heldout_views: int = 0
+    heldout_heights: Tuple[float, ...] = (1.0, 1.7)
+
+    def __post_init__(self) -> None:
+        if not 0 <= int(self.layout) < len(LAYOUTS):
+            from ..errors import ConfigError
+
+            raise ConfigError(f"SceneConfig.layout must be in 0..{len(LAYOUTS) - 1}, got {self.layout!r}")
 
 
 @dataclass
@@ -67,6 +80,7 @@ class SyntheticScene:
     class_names: List[str]
     cameras: Cameras
     config: SceneConfig = field(default_factory=SceneConfig)
+    heldout_cameras: Optional[Cameras] = None
 
 
 # ----------------------------------------------------------------------------- geometry
@@ -184,8 +198,48 @@ def _floor(size) -> Tuple[float, Sampler]:
     return size * size, sample
 
 
-# (name, rgb, shape factory): the default scene's objects. Positions are jittered per seed.
-_OBJECTS = [
+def _union(*parts: Tuple[float, Sampler]) -> Tuple[float, Sampler]:
+    """One object made of several primitives, sampled in proportion to their areas."""
+    areas = torch.tensor([a for a, _ in parts])
+
+    def sample(n, g):
+        which = torch.multinomial(areas, n, replacement=True, generator=g)
+        p, nrm = torch.zeros(n, 3), torch.zeros(n, 3)
+        for k, (_, smp) in enumerate(parts):
+            sel = torch.nonzero(which == k).flatten()
+            if len(sel):
+                pk, nk = smp(len(sel), g)
+                p[sel], nrm[sel] = pk, nk
+        return p, nrm
+
+    return float(areas.sum()), sample
+
+
+def _upright_ring(center, R, r, yaw=0.0) -> Tuple[float, Sampler]:
+    """A torus standing on its edge (ring axis horizontal, at angle ``yaw`` from the x axis)."""
+    area, smp = _torus((0.0, 0.0, 0.0), R, r)
+    c, s = math.cos(yaw), math.sin(yaw)
+    rot = torch.tensor([[c, 0.0, -s], [s, 0.0, c], [0.0, 1.0, 0.0]])  # ring plane z -> vertical
+
+    def sample(n, g):
+        p, nrm = smp(n, g)
+        return torch.tensor(center) + p @ rot.T, nrm @ rot.T
+
+    return area, sample
+
+
+def _legs(center, half_xy, r, h) -> Tuple[float, Sampler]:
+    """Four thin legs (cylinders) under a rectangle of half extents ``half_xy``."""
+    x, y = center[0], center[1]
+    hx, hy = half_xy
+    return _union(*[_cylinder((x + sx * hx, y + sy * hy, 0.0), r, h) for sx in (-1, 1) for sy in (-1, 1)])
+
+
+ObjectSpec = Tuple[str, Tuple[float, float, float], Callable[[Tuple[float, float]], Tuple[float, Sampler]]]
+
+# Each layout: (name, rgb, shape factory of the jittered (x, y) position) per object, and the positions.
+# Objects with the same position share the jitter of the first one (an object inside / on another).
+_TABLETOP: List[ObjectSpec] = [
     ("red ball", (0.85, 0.12, 0.10), lambda o: _sphere((o[0], o[1], 0.25), 0.25)),
     ("blue box", (0.12, 0.25, 0.85), lambda o: _box((o[0], o[1], 0.3), (0.22, 0.18, 0.3))),
     ("green cylinder", (0.15, 0.7, 0.2), lambda o: _cylinder((o[0], o[1], 0.0), 0.15, 0.55)),
@@ -194,20 +248,83 @@ _OBJECTS = [
     ("purple ball", (0.55, 0.2, 0.7), lambda o: _sphere((o[0], o[1], 0.1), 0.1)),  # sits inside the bowl
     ("black pole", (0.08, 0.08, 0.08), lambda o: _cylinder((o[0], o[1], 0.0), 0.025, 0.9)),  # thin part
 ]
-_LAYOUT = [(-0.55, -0.35), (0.05, 0.15), (0.6, -0.45), (-0.3, 0.6), (0.65, 0.55), (0.65, 0.55), (0.05, -0.6)]
+_TABLETOP_XY = [(-0.55, -0.35), (0.05, 0.15), (0.6, -0.45), (-0.3, 0.6), (0.65, 0.55), (0.65, 0.55), (0.05, -0.6)]
+
+_TABLE: List[ObjectSpec] = [  # a table with thin legs, a mug on it, a cube under it
+    ("wooden table", (0.55, 0.35, 0.18), lambda o: _union(_box((o[0], o[1], 0.5), (0.45, 0.3, 0.025)),
+                                                          _legs((o[0], o[1]), (0.4, 0.25), 0.025, 0.475))),
+    ("red mug", (0.85, 0.1, 0.12), lambda o: _cylinder((o[0] + 0.12, o[1] + 0.05, 0.525), 0.07, 0.13)),
+    ("blue cube", (0.15, 0.3, 0.85), lambda o: _box((o[0] - 0.1, o[1] - 0.05, 0.1), (0.1, 0.1, 0.1))),
+    ("green plant pot", (0.2, 0.65, 0.25), lambda o: _cylinder((o[0], o[1], 0.0), 0.15, 0.35)),
+    ("orange ball", (0.95, 0.55, 0.1), lambda o: _sphere((o[0], o[1], 0.12), 0.12)),
+    ("black lamp", (0.08, 0.08, 0.08), lambda o: _union(_cylinder((o[0], o[1], 0.0), 0.02, 0.8),
+                                                        _sphere((o[0], o[1], 0.88), 0.1))),
+]
+_TABLE_XY = [(0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.85, 0.55), (-0.8, 0.55), (-0.7, -0.65)]
+
+_STACKS: List[ObjectSpec] = [  # objects on others, a thin upright ring, a small ball
+    ("grey crate", (0.5, 0.5, 0.52), lambda o: _box((o[0], o[1], 0.25), (0.25, 0.25, 0.25))),
+    ("red box", (0.85, 0.15, 0.1), lambda o: _box((o[0], o[1], 0.6), (0.1, 0.1, 0.1))),
+    ("white pedestal", (0.9, 0.9, 0.88), lambda o: _cylinder((o[0], o[1], 0.0), 0.12, 0.5)),
+    ("yellow ball", (0.92, 0.8, 0.1), lambda o: _sphere((o[0], o[1], 0.62), 0.12)),
+    ("blue ring", (0.12, 0.3, 0.85), lambda o: _upright_ring((o[0], o[1], 0.25), 0.22, 0.03, yaw=0.6)),
+    ("green marble", (0.2, 0.7, 0.25), lambda o: _sphere((o[0], o[1], 0.06), 0.06)),
+]
+_STACKS_XY = [(0.3, -0.2), (0.3, -0.2), (-0.5, 0.3), (-0.5, 0.3), (0.45, 0.6), (-0.25, -0.6)]
+
+_SMALL: List[ObjectSpec] = [  # small objects in front of and behind a wall
+    ("brown wall", (0.45, 0.3, 0.2), lambda o: _box((o[0], o[1], 0.35), (0.8, 0.05, 0.35))),
+    ("red pen", (0.85, 0.1, 0.1), lambda o: _box((o[0], o[1], 0.02), (0.14, 0.02, 0.02))),
+    ("blue die", (0.15, 0.3, 0.85), lambda o: _box((o[0], o[1], 0.06), (0.06, 0.06, 0.06))),
+    ("green marble", (0.2, 0.7, 0.25), lambda o: _sphere((o[0], o[1], 0.07), 0.07)),
+    ("yellow cup", (0.92, 0.82, 0.1), lambda o: _cylinder((o[0], o[1], 0.0), 0.08, 0.15)),
+    ("orange ball", (0.95, 0.55, 0.1), lambda o: _sphere((o[0], o[1], 0.15), 0.15)),
+    ("pink ring", (0.95, 0.5, 0.7), lambda o: _torus((o[0], o[1], 0.03), 0.1, 0.03)),
+]
+_SMALL_XY = [(0.0, 0.45), (0.3, -0.15), (-0.3, -0.3), (0.0, -0.5), (-0.55, 0.05), (0.3, 0.85), (0.55, -0.55)]
+
+_OCCLUSION: List[ObjectSpec] = [  # a tall cabinet between objects, a chair with thin legs, a box under it
+    ("tall cabinet", (0.6, 0.4, 0.25), lambda o: _box((o[0], o[1], 0.5), (0.2, 0.35, 0.5))),
+    ("red ball", (0.85, 0.12, 0.1), lambda o: _sphere((o[0] + 0.45, o[1], 0.2), 0.2)),
+    ("blue ball", (0.12, 0.25, 0.85), lambda o: _sphere((o[0] - 0.45, o[1] + 0.1, 0.2), 0.2)),
+    ("white chair", (0.9, 0.9, 0.88), lambda o: _union(_box((o[0], o[1], 0.3), (0.18, 0.18, 0.02)),
+                                                       _box((o[0], o[1] + 0.17, 0.55), (0.18, 0.02, 0.23)),
+                                                       _legs((o[0], o[1]), (0.15, 0.15), 0.015, 0.28))),
+    ("yellow box", (0.92, 0.82, 0.1), lambda o: _box((o[0], o[1], 0.08), (0.08, 0.08, 0.08))),
+    ("green bottle", (0.2, 0.7, 0.25), lambda o: _union(_cylinder((o[0], o[1], 0.0), 0.06, 0.28),
+                                                        _cylinder((o[0], o[1], 0.28), 0.02, 0.1))),
+]
+_OCCLUSION_XY = [(0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.55, 0.65), (0.55, 0.65), (-0.6, -0.6)]
+
+#: The scene layouts (:attr:`SceneConfig.layout`): (name, objects, positions). All share the floor (class 0).
+LAYOUTS: List[Tuple[str, List[ObjectSpec], List[Tuple[float, float]]]] = [
+    ("tabletop", _TABLETOP, _TABLETOP_XY),
+    ("table", _TABLE, _TABLE_XY),
+    ("stacks", _STACKS, _STACKS_XY),
+    ("small objects", _SMALL, _SMALL_XY),
+    ("occlusion", _OCCLUSION, _OCCLUSION_XY),
+]
+# the original names (kept for callers)
+_OBJECTS, _LAYOUT = _TABLETOP, _TABLETOP_XY
 
 
-def orbit_cameras(cfg: SceneConfig, center=(0.0, 0.0, 0.3)) -> Cameras:
-    """Cameras on circles of radius ``orbit_radius`` at ``orbit_heights``, looking at ``center``."""
-    n, heights = cfg.num_views, cfg.orbit_heights
+def orbit_cameras(cfg: SceneConfig, center=(0.0, 0.0, 0.3), heldout: bool = False) -> Cameras:
+    """Cameras on circles of radius ``orbit_radius`` at ``orbit_heights``, looking at ``center``.
+
+    ``heldout=True``: the ``heldout_views`` evaluation cameras instead, at ``heldout_heights``, their
+    azimuths offset by half a training step (so no held-out view repeats a training viewpoint);
+    named ``frame_XXXXX`` after the training frames.
+    """
+    n, heights = (cfg.heldout_views, cfg.heldout_heights) if heldout else (cfg.num_views, cfg.orbit_heights)
     eyes = []
     for i in range(n):
-        ang = 2 * math.pi * i / n + 0.3
+        ang = 2 * math.pi * i / n + 0.3 + (math.pi / max(cfg.num_views, 1) if heldout else 0.0)
         h = heights[i % len(heights)]
         eyes.append([cfg.orbit_radius * math.cos(ang), cfg.orbit_radius * math.sin(ang), h])
-    cams = Cameras.look_at(torch.tensor(eyes), torch.tensor(center), up=(0.0, 0.0, 1.0), fov_deg=cfg.fov_deg,
-                           width=cfg.image_size, height=cfg.image_size)
-    cams.names = [f"frame_{i:05d}" for i in range(n)]
+    cams = Cameras.look_at(torch.tensor(eyes).reshape(-1, 3), torch.tensor(center), up=(0.0, 0.0, 1.0),
+                           fov_deg=cfg.fov_deg, width=cfg.image_size, height=cfg.image_size)
+    first = cfg.num_views if heldout else 0
+    cams.names = [f"frame_{first + i:05d}" for i in range(n)]
     return cams
 
 
@@ -215,10 +332,13 @@ def make_scene(cfg: Optional[SceneConfig] = None) -> SyntheticScene:
     """Build the labelled Gaussian scene described in the module docstring."""
     cfg = cfg or SceneConfig()
     g = torch.Generator().manual_seed(cfg.seed)
-    jitter = (torch.rand(len(_LAYOUT), 2, generator=g) - 0.5) * 0.1
-    jitter[5] = jitter[4]  # the purple ball stays inside the bowl
+    _, objects, xy = LAYOUTS[int(cfg.layout)]
+    jitter = (torch.rand(len(xy), 2, generator=g) - 0.5) * 0.1
+    for k in range(1, len(xy)):  # an object placed on / in / under another keeps its jitter
+        if xy[k] in xy[:k]:
+            jitter[k] = jitter[xy.index(xy[k])]
     parts = [("floor", (0.55, 0.5, 0.45), _floor(cfg.floor_size))]
-    for (name, rgb, make), (x, y), j in zip(_OBJECTS, _LAYOUT, jitter):
+    for (name, rgb, make), (x, y), j in zip(objects, xy, jitter):
         parts.append((name, rgb, make((x + float(j[0]), y + float(j[1])))))
     class_names = [p[0] for p in parts]
     means, normals, colors, cls, inst, spacing = [], [], [], [], [], []
@@ -240,7 +360,8 @@ def make_scene(cfg: Optional[SceneConfig] = None) -> SyntheticScene:
     opac = torch.full((len(means),), 0.9)
     gaussians = Gaussians.from_activated(means, scales, quats, opac, colors)
     gaussians.extra = {"class_id": torch.cat(cls).float(), "instance_id": torch.cat(inst).float()}
-    return SyntheticScene(gaussians, torch.cat(cls), torch.cat(inst), class_names, orbit_cameras(cfg), cfg)
+    heldout = orbit_cameras(cfg, heldout=True) if cfg.heldout_views > 0 else None
+    return SyntheticScene(gaussians, torch.cat(cls), torch.cat(inst), class_names, orbit_cameras(cfg), cfg, heldout)
 
 
 def write_dataset(scene: SyntheticScene, out_dir, progress: bool = True) -> Dict[str, Path]:
@@ -250,7 +371,9 @@ def write_dataset(scene: SyntheticScene, out_dir, progress: bool = True) -> Dict
         images/frame_XXXXX.png         RGB renders
         depth/frame_XXXXX.npy          expected depth (float32, 0 = background)
         masks/frame_XXXXX.png          per-pixel class index (uint8, 255 = background)
-        transforms.json                nerfstudio cameras (OpenGL c2w), ply_file_path
+        instances/frame_XXXXX.png      per-pixel instance index (uint8, 255 = background)
+        transforms.json                nerfstudio cameras (OpenGL c2w), ply_file_path; with held-out
+                                       cameras also train_filenames / val_filenames / test_filenames
         sparse_pc.ply                  initial point cloud (Gaussian centres, for splatfacto)
         scene.ply                      ground-truth Gaussians (INRIA layout + class_id, instance_id)
         classes.txt                    class names, one per line, index = class id
@@ -263,10 +386,13 @@ def write_dataset(scene: SyntheticScene, out_dir, progress: bool = True) -> Dict
     from ..rendering import render
 
     out = Path(out_dir)
-    for sub in ("images", "depth", "masks"):
+    for sub in ("images", "depth", "masks", "instances"):
         (out / sub).mkdir(parents=True, exist_ok=True)
-    cams = scene.cameras
-    onehot = torch.nn.functional.one_hot(scene.class_ids, len(scene.class_names)).float()
+    cams = all_cameras(scene)
+    n_inst = int(scene.instance_ids.max()) + 1
+    onehot = torch.cat([torch.nn.functional.one_hot(scene.class_ids, len(scene.class_names)),
+                        torch.nn.functional.one_hot(scene.instance_ids, n_inst)], 1).float()
+    K = len(scene.class_names)
     image_paths = []
     for i in track(range(len(cams)), description="rendering synthetic views", disable=not progress):
         with torch.no_grad():
@@ -276,15 +402,30 @@ def write_dataset(scene: SyntheticScene, out_dir, progress: bool = True) -> Dict
         atomic_save_png(out / "images" / f"{name}.png", img)
         buf = _npy_bytes(torch.where(r.alpha[0] > 0.5, r.depth[0], torch.zeros_like(r.depth[0])).numpy().astype(np.float32))
         atomic_save_bytes(out / "depth" / f"{name}.npy", buf)
-        lab = r.features[0].argmax(-1).to(torch.uint8)
-        lab[r.alpha[0] < 0.5] = 255
-        atomic_save_png(out / "masks" / f"{name}.png", lab.numpy())
+        for sub, feats in (("masks", r.features[0, ..., :K]), ("instances", r.features[0, ..., K:])):
+            lab = feats.argmax(-1).to(torch.uint8)
+            lab[r.alpha[0] < 0.5] = 255
+            atomic_save_png(out / sub / f"{name}.png", lab.numpy())
         image_paths.append(out / "images" / f"{name}.png")
     save_ply(out / "scene.ply", scene.gaussians)
     _save_point_cloud(out / "sparse_pc.ply", scene.gaussians.means, (0.28209479177387814 * scene.gaussians.sh0[:, 0] + 0.5).clamp(0, 1))
-    save_transforms(out / "transforms.json", cams, image_paths, extra={"ply_file_path": "sparse_pc.ply"})
+    extra: Dict[str, object] = {"ply_file_path": "sparse_pc.ply"}
+    if scene.heldout_cameras is not None:
+        rel = [f"images/{n}.png" for n in cams.names]
+        n_train = len(scene.cameras)
+        extra.update(train_filenames=rel[:n_train], val_filenames=rel[n_train:], test_filenames=rel[n_train:])
+    save_transforms(out / "transforms.json", cams, image_paths, extra=extra)
     atomic_save_bytes(out / "classes.txt", ("\n".join(scene.class_names) + "\n").encode())
     return {"root": out, "transforms": out / "transforms.json", "scene_ply": out / "scene.ply"}
+
+
+def all_cameras(scene: SyntheticScene) -> Cameras:
+    """The training cameras followed by the held-out ones (if any)."""
+    if scene.heldout_cameras is None:
+        return scene.cameras
+    a, b = scene.cameras, scene.heldout_cameras
+    return Cameras(torch.cat([a.viewmats, b.viewmats]), torch.cat([a.Ks, b.Ks]), a.width, a.height,
+                   list(a.names or []) + list(b.names or []))
 
 
 def _npy_bytes(arr: np.ndarray) -> bytes:

@@ -7,7 +7,6 @@ from .metrics import (
     boundary_iou,
     confusion_matrix,
     iou,
-    localization_accuracy,
     macc,
     macc_3d,
     mbiou,
@@ -25,6 +24,7 @@ from .protocols import (
     lerf_ovs_mask,
     lerf_ovs_normalize,
     lerf_ovs_smooth,
+    localization_accuracy,
     majority_filter,
     ovs3d_eval,
 )

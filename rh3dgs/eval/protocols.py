@@ -182,3 +182,39 @@ def ovs3d_eval(scores: Any, gt_masks: Any, empty_iou: Optional[float] = None,
         "per_class_iou": per_class[0] if single else per_class,
         "pred": pred[0] if single else pred,
     }
+
+
+# --------------------------------------------------------------------------- localisation
+def localization_accuracy(relevancy: Any, boxes: Any, smoothing: Optional[str] = "mean30") -> float:
+    """LERF-OVS localisation hit (1.0 / 0.0): is the argmax of the smoothed map inside a GT box?
+
+    Args:
+        relevancy: [H, W] relevancy map of one query in one frame.
+        boxes: [M, 4] ground-truth boxes ``x1, y1, x2, y2`` in pixels (x = column,
+            y = row; corner order free, bounds inclusive), as in the labelme JSON.
+        smoothing: ``"mean30"`` (default, LangSplat's evaluation code: the 30x30 box mean
+            of the map, :func:`box_filter`), ``"lerf"``
+            (``0.5 * (r + mean30(r))``, :func:`lerf_ovs_smooth`)
+            or ``None`` (raw map).
+
+    Every pixel attaining the maximum is a candidate (ties as in LangSplat); it is a hit
+    if any candidate lies in any box. Dataset accuracy is the mean over (frame, query).
+    """
+    r = _np(relevancy).astype(np.float64)
+    if r.ndim != 2:
+        raise ShapeError(f"localization_accuracy: relevancy must be [H, W], got {list(r.shape)}")
+    b = _np(boxes).astype(np.float64).reshape(-1, 4) if np.size(_np(boxes)) else np.zeros((0, 4))
+    if smoothing == "mean30":
+        s = box_filter(r, 30)
+    elif smoothing == "lerf":
+        s = lerf_ovs_smooth(r)
+    elif smoothing is None:
+        s = r
+    else:
+        raise ValueError(f"localization_accuracy: smoothing must be 'mean30', 'lerf' or None, got {smoothing!r}")
+    ys, xs = np.nonzero(s == s.max())
+    for x1, y1, x2, y2 in b:
+        x_lo, x_hi, y_lo, y_hi = min(x1, x2), max(x1, x2), min(y1, y2), max(y1, y2)
+        if np.any((xs >= x_lo) & (xs <= x_hi) & (ys >= y_lo) & (ys <= y_hi)):
+            return 1.0
+    return 0.0
