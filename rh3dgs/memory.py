@@ -60,9 +60,9 @@ import contextvars
 import math
 import os
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 from .errors import ConfigError, MemoryLimitError
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 from rh3dgs.errors import ConfigError, MemoryLimitError

@@ -192,7 +192,7 @@ def process_images(json_path: Path, sources: Sequence[Path], out_names: Sequence
             w, h = im.size
         check_memory(image_memory_estimate(h, w, undistort=bool(np.any(coeffs[i]))), f"reading image {sources[i]}",
                      detail=f"{w}x{h} RGB decoded and undistorted",
-                     knobs=[f"a downscaled copy of the images (images_N folders, ns-process-data)"])
+                     knobs=["a downscaled copy of the images (images_N folders, ns-process-data)"])
         img = downscale_image(read_rgb(sources[i]), factors[i])
         img, _ = undistort_image(img, Ks[i], coeffs[i], crop)
         outs[i].parent.mkdir(parents=True, exist_ok=True)
