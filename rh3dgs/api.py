@@ -2,7 +2,7 @@
 
 A *semantic scene folder* (written by :func:`save_scene`, ``rh3dgs lift`` and the demo)::
 
-    semantic.ply      3DGS PLY (INRIA layout) with the latents as sem_0..sem_{d-1} (float16, see rh3dgs.io.ply)
+    semantic.ply      3DGS PLY (INRIA layout) with the latents as sem_0..sem_{d-1} (float32, see rh3dgs.io.ply)
     field.npz         decoder [D, d] (+ optional text embeddings, names -> [D])
     rh3dgs.json       metadata: teacher spec (how to encode text), cameras file, lift info
     transforms.json   (optional) cameras
@@ -164,14 +164,20 @@ class Scene:
         """bool [N]: Gaussians whose relevancy for ``query`` is above ``threshold``."""
         return self.relevancy([query], negatives)[0] > threshold
 
-    def export_ply(self, path, mask: Optional[Tensor] = None, latent_dtype: str = "float16") -> Path:
-        """Write the (selected) Gaussians as a standard 3DGS PLY (with sem_* latents if present).
+    def export_ply(self, path, mask: Optional[Tensor] = None, latents: bool = False,
+                   latent_dtype: str = "float32") -> Path:
+        """Write the (selected) Gaussians as a PLY.
 
-        Latents are stored as float16 by default (``latent_dtype``; see :mod:`rh3dgs.io.ply`).
+        By default a plain INRIA 3DGS PLY that every 3DGS tool reads (no ``sem_*``, every property
+        a float: ``save_ply(plain=True)``); ``latents=True`` adds the field's latents as ``sem_*``
+        (float32 under rh3dgs's marker, or the compact rh3dgs-only ``latent_dtype="float16"``;
+        see :mod:`rh3dgs.io.ply`).
         """
         from .io.ply import save_ply
 
         g = self.gaussians
+        if not latents:
+            return save_ply(path, g, mask=mask, plain=True)
         if self.field is not None:
             g = Gaussians(g.means, g.scales, g.quats, g.opacities, g.sh0, g.shN, self.field.latents, dict(g.extra))
         return save_ply(path, g, mask=mask, latent_dtype=latent_dtype)
@@ -181,11 +187,11 @@ class Scene:
 def save_scene(folder, gaussians: Gaussians, field: Optional[SemanticField] = None, cameras: Optional[Cameras] = None,
                image_paths: Optional[Sequence] = None, teacher: Optional[dict] = None,
                text_embeddings: Optional[Dict[str, Tensor]] = None, info: Optional[dict] = None,
-               latent_dtype: str = "float16") -> Path:
+               latent_dtype: str = "float32") -> Path:
     """Write a semantic scene folder (see the module docstring); every file atomically.
 
-    The latents go to semantic.ply as float16 by default (``latent_dtype``, see :mod:`rh3dgs.io.ply`);
-    a scene loaded back therefore holds the float16-rounded latents (relative error <= 2^-11).
+    The latents go to semantic.ply as float32 by default (``latent_dtype``; the compact
+    rh3dgs-only "float16" rounds them, relative error <= 2^-11; see :mod:`rh3dgs.io.ply`).
     """
     from .io.atomic import atomic_save_json, atomic_save_npz
     from .io.ply import save_ply

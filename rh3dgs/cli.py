@@ -12,7 +12,8 @@
     rh3dgs view PATH                        interactive text-query viewer (127.0.0.1)
 
 User errors (rh3dgs.errors) are printed as one line without a traceback; ``--debug``
-shows the traceback.
+shows the traceback. Every job checks its memory estimate first (rh3dgs.memory) and stops
+before allocating when it cannot fit in the machine's memory or ``rh3dgs --max-memory SIZE``.
 """
 from __future__ import annotations
 
@@ -63,11 +64,18 @@ def cmd_render(args) -> int:
     import torch
 
     from .io.ply import load_ply
-    from .io.transforms import load_transforms
     from .rendering import render
 
-    gaussians = load_ply(args.scene)
-    cams, images = load_transforms(args.transforms, check_images=False)
+    from .memory import check_memory, render_memory_estimate
+
+    gaussians = load_ply(args.scene, latents=False)  # RGB only: sem_* columns are not read
+
+    def preflight(views: int, w: int, h: int) -> None:  # one view at a time
+        check_memory(render_memory_estimate(len(gaussians), h, w), f"rendering {len(gaussians)} Gaussians at "
+                     f"{w}x{h}", knobs=["--downscale N (a smaller image)"])
+
+    cams, images = _load_cameras(args, args.transforms, check_images=False, require_images=False,
+                                 preflight=preflight)
     names = [p.stem for p in images]
     out = prepare_output_dir(args.output, args.overwrite)
     for i in range(len(cams)):
@@ -124,26 +132,56 @@ def _teacher_spec(args, data: Path) -> dict:
     return spec
 
 
-def _teacher_maps(args, data: Path, image_paths):
-    """(teacher, spec, provider i -> [h, w, D]) for the dataset's images."""
-    from .teachers import extract_features, load_cached, teacher_from_spec
+def _teacher_maps(args, teacher, data: Path, image_paths):
+    """provider i -> [h, w, D] of the dataset's images (features extracted into the cache first)."""
+    from .teachers import extract_features, load_cached
 
-    spec = _teacher_spec(args, data)
-    teacher = teacher_from_spec(spec)
     if args.teacher == "precomputed":
-        return teacher, spec, lambda i: teacher.load_feature_map(Path(image_paths[i]).stem)
+        return lambda i: teacher.load_feature_map(Path(image_paths[i]).stem)
     cached = extract_features(teacher, image_paths, args.cache or data / ".rh3dgs_cache")
-    return teacher, spec, lambda i: load_cached(cached[i])
+    return lambda i: load_cached(cached[i])
+
+
+def _image_args(p: argparse.ArgumentParser) -> None:
+    """How the dataset's photos are read (rh3dgs.io.transforms.ImageOptions)."""
+    p.add_argument("--downscale", type=int, default=1, metavar="N",
+                   help="divide the image size by N, as nerfstudio's downscale_factor (images_N folders if present)")
+    p.add_argument("--skip-missing-images", action="store_true",
+                   help="leave out the frames of transforms.json whose image file is missing")
+    p.add_argument("--no-undistort", action="store_true",
+                   help="refuse lens distortion instead of undistorting the images (as nerfstudio's splatfacto)")
+
+
+def _load_cameras(args, transforms, check_images: bool, require_images: bool = True, preflight=None):
+    """load_transforms with the command's ImageOptions (--downscale, --skip-missing-images, --no-undistort)."""
+    import warnings
+
+    from .io.transforms import ImageOptions, load_transforms
+
+    opts = ImageOptions(downscale=args.downscale, skip_missing_images=args.skip_missing_images,
+                        undistort=not args.no_undistort)
+    cache = getattr(args, "cache", None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        out = load_transforms(transforms, check_images=check_images, require_images=require_images,
+                              image_cache=Path(cache) / "images" if cache else None, preflight=preflight,
+                              **vars(opts))
+    for w in caught:
+        print(f"rh3dgs: warning: {w.message}", file=sys.stderr)
+    return out
 
 
 def cmd_extract(args) -> int:
     """Single process, or data-parallel under ``torchrun --nproc_per_node=K -m rh3dgs.cli extract ...``
     (each rank extracts a disjoint shard of the missing entries; rank 0 writes the manifest and prints)."""
     from .distributed import process_group_from_env
-    from .io.transforms import load_transforms
+    from .memory import check_memory, image_memory_estimate
 
     data = Path(args.data)
-    _, images = load_transforms(data, check_images=True)
+    def preflight(views: int, w: int, h: int) -> None:  # one image at a time
+        check_memory(image_memory_estimate(h, w), f"reading {w}x{h} images", knobs=["--downscale N"])
+
+    cams, images = _load_cameras(args, data, check_images=True, preflight=preflight)
     if args.teacher == "precomputed":
         print("the precomputed teacher reads existing maps; nothing to extract")
         return 0
@@ -171,15 +209,15 @@ def cmd_lift(args) -> int:
     from .api import save_scene
     from .field import SemanticField
     from .io.ply import load_ply
-    from .io.transforms import load_transforms
     from .lifting import LiftConfig, lift
-    from .memory import lift_memory_estimate
+    from .memory import preflight_lift
+    from .teachers import teacher_from_spec
 
     data = Path(args.data)
-    gaussians = load_ply(args.scene)
-    cams, images = load_transforms(data, check_images=False)
-    teacher, spec, maps = _teacher_maps(args, data, images)
-    d_teacher = int(maps(0).shape[-1])
+    gaussians = load_ply(args.scene, latents=False)  # the lift computes the latents
+    spec = _teacher_spec(args, data)
+    teacher = teacher_from_spec(spec)
+    d_teacher = int(teacher.dim)
     if args.config:
         from .presets import load_preset
 
@@ -187,8 +225,16 @@ def cmd_lift(args) -> int:
     else:
         cfg = LiftConfig(method=args.method, use_vcd=not args.no_vcd, delta=args.delta, iters=args.iters,
                          latent_dim=args.latent_dim, views_per_batch=args.views_per_batch)
-    print(lift_memory_estimate(len(gaussians), len(cams), cams.height, cams.width, d_teacher,
-                               min(cfg.views_per_batch, len(cams))).summary())
+    if args.streaming:
+        cfg.cache_projections, cfg.compact_cache = False, False
+
+    def preflight(views: int, w: int, h: int) -> None:  # before any per-frame work or image
+        preflight_lift(len(gaussians), views, h, w, d_teacher, cfg, device=str(gaussians.device))
+
+    cams, images = _load_cameras(args, data, check_images=False, preflight=preflight)
+    print(preflight_lift(len(gaussians), len(cams), cams.height, cams.width, d_teacher, cfg,
+                         device=str(gaussians.device)).summary())
+    maps = _teacher_maps(args, teacher, data, images)
     res = lift(gaussians, cams, maps, cfg)
     table = {}
     if hasattr(teacher, "text_queries"):
@@ -240,7 +286,8 @@ def cmd_select(args) -> int:
     scene = load(args.scene)
     negatives = None if args.negatives is None else [q.strip() for q in args.negatives.split(";") if q.strip()]
     sel = scene.select(args.query, threshold=args.threshold, negatives=negatives)
-    out = scene.export_ply(check_output_file(args.output, args.overwrite), mask=sel)
+    out = scene.export_ply(check_output_file(args.output, args.overwrite), mask=sel, latents=args.latents,
+                           latent_dtype=args.latent_dtype)
     print(f"'{args.query}': {int(sel.sum())} of {len(scene)} Gaussians above {args.threshold} -> {out}")
     return 0
 
@@ -249,8 +296,10 @@ def cmd_export(args) -> int:
     from .api import load
 
     scene = load(args.scene)
-    out = scene.export_ply(check_output_file(args.output, args.overwrite))
-    print(f"{len(scene)} Gaussians{' with sem_* latents' if scene.field is not None else ''} -> {out}")
+    out = scene.export_ply(check_output_file(args.output, args.overwrite), latents=args.latents,
+                           latent_dtype=args.latent_dtype)
+    with_latents = args.latents and scene.field is not None
+    print(f"{len(scene)} Gaussians{' with sem_* latents' if with_latents else ' (plain 3DGS PLY)'} -> {out}")
     return 0
 
 
@@ -266,6 +315,9 @@ def _demo_semantic(scene, out: Path, args) -> Optional[str]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rh3dgs", description="Robust open-vocabulary semantic 3D Gaussian Splatting")
     p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
+    p.add_argument("--max-memory", default=None, metavar="SIZE",
+                   help="refuse jobs whose memory estimate exceeds SIZE (e.g. 8G, 512M; default: the memory "
+                        "available on this machine)")
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("demo", help="run the main job on the embedded synthetic scene")
@@ -287,6 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("scene", help="INRIA-format 3DGS PLY")
     r.add_argument("--transforms", required=True, help="nerfstudio transforms.json (or its folder)")
     r.add_argument("--output", required=True)
+    _image_args(r)
     r.set_defaults(func=cmd_render)
 
     e = sub.add_parser("extract", help="teacher features for a dataset's images (cached, incremental)",
@@ -295,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "-m rh3dgs.cli extract --data DIR --teacher T ...")
     e.add_argument("--data", required=True, help="dataset folder with transforms.json")
     _teacher_args(e)
+    _image_args(e)
     e.set_defaults(func=cmd_extract)
 
     li = sub.add_parser("lift", help="training-free lift of teacher features into a 3DGS PLY")
@@ -307,9 +361,13 @@ def build_parser() -> argparse.ArgumentParser:
     li.add_argument("--iters", type=int, default=3, help="IRLS passes")
     li.add_argument("--latent-dim", type=int, default=16)
     li.add_argument("--views-per-batch", type=int, default=8)
+    li.add_argument("--streaming", action="store_true",
+                    help="keep nothing across the IRLS passes (least memory; LiftConfig cache_projections=False, "
+                         "compact_cache=False)")
     li.add_argument("--config", default=None, help="YAML preset of LiftConfig (e.g. configs/lift-robust.yaml); "
                                                    "replaces --method/--no-vcd/--delta/--iters/...")
     _teacher_args(li)
+    _image_args(li)
     li.set_defaults(func=cmd_lift)
 
     q = sub.add_parser("query", help="relevancy PNGs over the cameras and 3D selections for text queries")
@@ -321,7 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--output", required=True)
     q.set_defaults(func=cmd_query)
 
-    se = sub.add_parser("select", help="write the Gaussians relevant to a query as a standard 3DGS PLY")
+    se = sub.add_parser("select", help="write the Gaussians relevant to a query as a plain 3DGS PLY")
     se.add_argument("scene", help="semantic scene folder")
     se.add_argument("query", help="a phrase, e.g. 'red mug'")
     se.add_argument("--threshold", type=float, default=0.5)
@@ -329,13 +387,18 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--output", required=True, help="PLY file to write")
     se.set_defaults(func=cmd_select)
 
-    ex = sub.add_parser("export", help="write a scene as one 3DGS PLY (with sem_* latents when it has a field)")
+    ex = sub.add_parser("export", help="write a scene as one plain 3DGS PLY (--latents: with sem_* latents)")
     ex.add_argument("scene", help="semantic scene folder or PLY")
     ex.add_argument("--output", required=True, help="PLY file to write")
     ex.set_defaults(func=cmd_export)
 
     for sp in (d, s, r, li, q, se, ex):
         sp.add_argument("--overwrite", action="store_true", help="replace existing outputs")
+    for sp in (se, ex):
+        sp.add_argument("--latents", action="store_true",
+                        help="add the field's latents as sem_* columns (read by rh3dgs; other tools ignore them)")
+        sp.add_argument("--latent-dtype", default="float32", choices=["float32", "float16"],
+                        help="with --latents: float32 (a standard PLY float) or float16 (compact, rh3dgs-only)")
 
     from .eval.cli import add_eval_parser
     from .viewer.cli import add_view_parser
@@ -348,8 +411,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from .memory import memory_limit
+
     try:
-        return int(args.func(args) or 0)
+        with memory_limit(args.max_memory):
+            return int(args.func(args) or 0)
     except Rh3dgsError as exc:
         if args.debug:
             raise

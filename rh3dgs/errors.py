@@ -19,6 +19,7 @@ __all__ = [
     "NonFiniteError",
     "MissingWeightsError",
     "NativeExtensionError",
+    "MemoryLimitError",
 ]
 
 
@@ -71,3 +72,11 @@ class MissingWeightsError(Rh3dgsError):
 
 class NativeExtensionError(Rh3dgsError, ImportError):
     """The compiled rh3dgs extension is missing or was built for another torch."""
+
+
+class MemoryLimitError(Rh3dgsError):
+    """A job would not fit in the memory available (or the user's ``--max-memory``).
+
+    Raised by :mod:`rh3dgs.memory`'s preflight before anything large is allocated; the
+    message gives the estimate and the setting that would make the job fit.
+    """

@@ -90,16 +90,23 @@ def test_export_selection_is_a_standard_ply(lifted, tmp_path):
     g = load_ply(tmp_path / "box.ply")
     assert len(g) == int(sel.sum()) and 0 < len(g) < len(scene)
     torch.testing.assert_close(g.means, scene.gaussians.means[sel])
-    assert g.latents is not None and g.latents.shape[1] == scene.field.latent_dim
-    # latents are float16 on disk (scene folder and export); the loaded float16 values re-export bit-exactly
-    for f in (tmp_path / "box.ply", root / "scene" / "semantic.ply"):
+    # a plain INRIA 3DGS PLY by default: no sem_*, every property a PLY float (issue 19)
+    raw = (tmp_path / "box.ply").read_bytes()
+    props = [ln for ln in raw[: raw.index(b"end_header")].decode().splitlines() if ln.startswith("property")]
+    assert g.latents is None and all(ln.startswith("property float ") for ln in props) and "sem_0" not in str(props)
+    # latents on request: float32 under the marker (scene folder too), exactly the field's latents
+    scene.export_ply(tmp_path / "box32.ply", mask=sel, latents=True)
+    for f in (tmp_path / "box32.ply", root / "scene" / "semantic.ply"):
         raw = f.read_bytes()
         header = raw[: raw.index(b"end_header")]
-        assert b"comment rh3dgs sem_dtype float16" in header and b"property ushort sem_0" in header
-    assert torch.equal(g.latents, scene.field.latents[sel])
-    scene.export_ply(tmp_path / "box32.ply", mask=sel, latent_dtype="float32")
-    assert torch.equal(load_ply(tmp_path / "box32.ply").latents, g.latents)
-    assert (tmp_path / "box32.ply").stat().st_size > (tmp_path / "box.ply").stat().st_size
+        assert b"comment rh3dgs sem_dtype float32" in header and b"property float sem_0" in header
+    g32 = load_ply(tmp_path / "box32.ply")
+    assert g32.latents is not None and g32.latents.shape[1] == scene.field.latent_dim
+    assert torch.equal(g32.latents, scene.field.latents[sel])
+    # the compact rh3dgs-only option: float16 bit patterns, smaller
+    scene.export_ply(tmp_path / "box16.ply", mask=sel, latents=True, latent_dtype="float16")
+    assert torch.equal(load_ply(tmp_path / "box16.ply").latents, g32.latents.half().float())
+    assert (tmp_path / "box32.ply").stat().st_size > (tmp_path / "box16.ply").stat().st_size
 
 
 def test_errors_are_clear(lifted, tmp_path):

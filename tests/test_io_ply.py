@@ -110,14 +110,19 @@ def test_round_trip_bit_exact(tmp_path, sh_degree, n_latents, latent_dtype):
     assert_bit_exact(g, load_ply(p2))
 
 
-def test_latents_float16_by_default(tmp_path):
-    """Any float32 latents are stored rounded to the nearest float16 and come back as float32."""
+def test_latents_float32_by_default_float16_compact(tmp_path):
+    """Default: float32 latents as PLY float under the float32 marker. Compact (rh3dgs-only) float16:
+    any float32 latents are stored rounded to the nearest float16 and come back as float32."""
     n, d = 300, 16
     g = random_gaussians(n, 1, 0, seed=3)
     lat = torch.randn(n, d, generator=torch.Generator().manual_seed(0), dtype=torch.float64).float()
     lat[0, :4] = torch.tensor([65504.0, -65504.0, 1e-8, -0.0])  # extremes; 1e-8 flushes to 0
     g.latents = lat
-    p = save_ply(tmp_path / "h.ply", g)
+    p3 = save_ply(tmp_path / "f.ply", g)
+    assert "comment rh3dgs sem_dtype float32" in header_of(p3) and "property float sem_0" in header_of(p3)
+    assert "ushort" not in header_of(p3)
+    assert same_bits(load_ply(p3).latents, lat)
+    p = save_ply(tmp_path / "h.ply", g, latent_dtype="float16")
     header = header_of(p)
     assert "comment rh3dgs sem_dtype float16" in header and "property ushort sem_15" in header
     h = load_ply(p)
@@ -128,13 +133,9 @@ def test_latents_float16_by_default(tmp_path):
     raw = PlyData.read(str(p))["vertex"]["sem_3"]
     assert raw.dtype == np.dtype("<u2") and np.array_equal(raw.view(np.float16).astype(np.float32), h.latents[:, 3].numpy())
     # load -> save -> load is bit-exact, the file byte-identical
-    p2 = save_ply(tmp_path / "h2.ply", h)
+    p2 = save_ply(tmp_path / "h2.ply", h, latent_dtype="float16")
     assert p2.read_bytes() == p.read_bytes()
     assert_bit_exact(h, load_ply(p2))
-    # float32 on request: exact float32 values, no comment
-    p3 = save_ply(tmp_path / "f.ply", g, latent_dtype="float32")
-    assert "sem_dtype" not in header_of(p3) and "property float sem_0" in header_of(p3)
-    assert same_bits(load_ply(p3).latents, lat)
     # torch / numpy dtypes are accepted as well; anything else is refused
     assert save_ply(tmp_path / "t.ply", g, latent_dtype=torch.float16).read_bytes() == p.read_bytes()
     assert save_ply(tmp_path / "t.ply", g, latent_dtype=np.float32).read_bytes() == p3.read_bytes()
@@ -339,15 +340,15 @@ def _rewrite(src, dst, comments, sem_type=None):
 
 
 def test_float16_comment_required_and_consistent(tmp_path):
-    p = save_ply(tmp_path / "h.ply", random_gaussians(6, 0, 3, seed=2))
+    p = save_ply(tmp_path / "h.ply", random_gaussians(6, 0, 3, seed=2), latent_dtype="float16")
     # ushort sem_* without the comment (a tool dropped it): refused, not read as integers
     bad = _rewrite(p, tmp_path / "nocomment.ply", ["made by some tool"])
-    with pytest.raises(PlyFormatError, match="lacks the line 'comment rh3dgs sem_dtype float16'") as ei:
+    with pytest.raises(PlyFormatError, match="not the header line 'comment rh3dgs sem_dtype float32'") as ei:
         load_ply(bad)
     assert str(bad) in str(ei.value) and ei.value.field == "sem_0"
     # the comment with sem_* of another type: refused
     bad = _rewrite(p, tmp_path / "asfloat.ply", ["rh3dgs sem_dtype float16"], sem_type="f4")
-    with pytest.raises(PlyFormatError, match="expected ushort") as ei:
+    with pytest.raises(PlyFormatError, match="stored as float") as ei:
         load_ply(bad)
     assert ei.value.field == "sem_0"
     # a malformed or conflicting comment: refused, naming the header comment
@@ -356,24 +357,32 @@ def test_float16_comment_required_and_consistent(tmp_path):
         with pytest.raises(PlyFormatError, match="sem_dtype") as ei:
             load_ply(bad)
         assert ei.value.field == "comment"
-    # other integer sem_* types (no ambiguity) still load as their values; so does an explicit float32 comment
-    g = load_ply(_rewrite(p, tmp_path / "int.ply", [], sem_type="i2"))
-    assert g.latents.dtype == torch.float32
+    # other integer sem_* types and unmarked float sem_* are refused too (issue 19: no latent is ever guessed)
+    for sem_type, comments in (("i2", []), ("i2", ["rh3dgs sem_dtype float16"]), ("f8", ["rh3dgs sem_dtype float32"])):
+        with pytest.raises(PlyFormatError, match="re-export") as ei:
+            load_ply(_rewrite(p, tmp_path / "int.ply", comments, sem_type=sem_type))
+        assert ei.value.field == "sem_0"
     f32 = save_ply(tmp_path / "f32.ply", random_gaussians(6, 0, 3, seed=2), latent_dtype="float32")
     assert_bit_exact(load_ply(f32), load_ply(_rewrite(f32, tmp_path / "f32c.ply", ["rh3dgs sem_dtype float32"])))
+    with pytest.raises(PlyFormatError, match="converter"):
+        load_ply(_rewrite(f32, tmp_path / "f32n.ply", []))
+    # latents=False reads the 3DGS fields of such a file, skipping sem_* unchecked
+    g = load_ply(_rewrite(p, tmp_path / "int.ply", [], sem_type="i4"), latents=False)
+    assert g.latents is None and "sem_0" not in g.extra
+    assert_bit_exact(load_ply(f32, latents=False), load_ply(f32, latents=False))
 
 
 def test_float16_overflow_is_refused(tmp_path):
     p = tmp_path / "o.ply"
-    save_ply(p, random_gaussians(5, 0, 2))
+    save_ply(p, random_gaussians(5, 0, 2), latent_dtype="float16")
     before = p.read_bytes()
     g = random_gaussians(5, 0, 3, seed=9)
     g.latents[3, 2] = 65504.0  # the largest float16: fine
-    save_ply(tmp_path / "ok.ply", g)
+    save_ply(tmp_path / "ok.ply", g, latent_dtype="float16")
     g.latents[1, 2] = -70000.0
     g.latents[4, 2] = 65505.0  # would round to 65504, but is outside the range: refused too
     with pytest.raises(PlyFormatError, match=r"2 latent value\(s\) outside the float16 range.*first at Gaussian 1.*float32") as ei:
-        save_ply(p, g)
+        save_ply(p, g, latent_dtype="float16")
     assert ei.value.field == "sem_2" and str(p) in str(ei.value)
     assert p.read_bytes() == before
     assert sorted(x.name for x in tmp_path.iterdir()) == ["o.ply", "ok.ply"]
@@ -553,3 +562,206 @@ def test_nerfstudio_exporter_layout(tmp_path):
     save_ply(out, g)
     assert vertex_names(out) == list(cols)
     assert out.read_bytes().endswith(body)  # same data; only the comments are not kept
+
+
+# ------------------------------------------------------------------ saturated opacities
+def test_infinite_opacity_logits_are_saturated_nan_is_an_error(tmp_path):
+    g = random_gaussians(6, 1, 2, seed=8, half_latents=False)
+    g.opacities[1], g.opacities[4] = float("inf"), float("-inf")  # what splat-transform writes for opaque splats
+    p = save_ply(tmp_path / "inf.ply", g)
+    h = load_ply(p)
+    assert_bit_exact(g, h)
+    assert h.activated_opacities[[1, 4]].tolist() == [1.0, 0.0]
+    assert save_ply(tmp_path / "again.ply", h).read_bytes() == p.read_bytes()
+    ply = PlyData.read(str(p), mmap=False)
+    ply["vertex"].data["opacity"][3] = np.nan
+    PlyData([ply["vertex"]], comments=ply.comments).write(str(tmp_path / "nan.ply"))
+    with pytest.raises(PlyFormatError, match=r"1 NaN value\(s\).*first at vertex 3") as ei:
+        load_ply(tmp_path / "nan.ply")
+    assert ei.value.field == "opacity"
+    g.opacities[2] = float("nan")
+    with pytest.raises(NonFiniteError, match="opacity"):
+        save_ply(tmp_path / "nan2.ply", g)
+    g.opacities[2] = 0.0
+    g.scales[0, 0] = float("inf")  # other fields: Inf is still an error
+    with pytest.raises(NonFiniteError, match="scale_0"):
+        save_ply(tmp_path / "inf2.ply", g)
+
+
+def test_column_types_are_checked(tmp_path):
+    """Standard fields must be floats; doubles beyond float32 are refused, not turned into Inf."""
+    p = save_ply(tmp_path / "a.ply", random_gaussians(5, 0, seed=1))
+    data = PlyData.read(str(p), mmap=False)["vertex"].data
+    as_int = np.empty(len(data), dtype=[(nm, "i4" if nm == "scale_1" else data.dtype[nm]) for nm in data.dtype.names])
+    for nm in data.dtype.names:
+        as_int[nm] = data[nm].astype(np.int64).clip(-(2**31), 2**31 - 1) if nm == "scale_1" else data[nm]
+    PlyData([PlyElement.describe(as_int, "vertex")]).write(str(tmp_path / "int.ply"))
+    with pytest.raises(PlyFormatError, match="stored as int, but a 3DGS 'scale_1' is a float") as ei:
+        load_ply(tmp_path / "int.ply")
+    assert ei.value.field == "scale_1"
+    dbl = np.empty(len(data), dtype=[(nm, "f8") for nm in data.dtype.names])
+    for nm in data.dtype.names:
+        dbl[nm] = data[nm]
+    PlyData([PlyElement.describe(dbl, "vertex")]).write(str(tmp_path / "f8.ply"))
+    assert_bit_exact(load_ply(p), load_ply(tmp_path / "f8.ply"))
+    dbl["y"][2] = 1e300
+    PlyData([PlyElement.describe(dbl, "vertex")]).write(str(tmp_path / "big.ply"))
+    with pytest.raises(PlyFormatError, match="beyond the float32 range.*first at vertex 2") as ei:
+        load_ply(tmp_path / "big.ply")
+    assert ei.value.field == "y"
+
+
+def test_header_row_count_goes_through_the_memory_model(tmp_path):
+    from rh3dgs.errors import MemoryLimitError
+    from rh3dgs.memory import memory_limit
+
+    names = ply_field_names(0, 2)
+    hdr = "ply\nformat binary_little_endian 1.0\nelement vertex 1000000000000\n"
+    hdr += "".join(f"property float {nm}\n" for nm in names) + "end_header\n"
+    p = tmp_path / "huge.ply"
+    p.write_bytes(hdr.encode() + bytes(64 * 4))
+    with pytest.raises(PlyFormatError, match=r"1000000000000 'vertex' rows.*truncated or corrupt.*memory estimate "
+                                             r"\d+ TiB") as ei:
+        load_ply(p)
+    assert str(p) in str(ei.value)
+    # a real file whose rows fit the file but not the budget: the estimate and the budget in the message
+    small = save_ply(tmp_path / "ok.ply", random_gaussians(2000, 3, 4, seed=2, half_latents=False))
+    with memory_limit("256K"), pytest.raises(MemoryLimitError, match=r"loading 2000 Gaussians: memory estimate "
+                                                                     r"[\d.]+ KiB .* exceeds the limit set by "
+                                                                     r"--max-memory \(256 KiB\)"):
+        load_ply(small)
+    with memory_limit("256K"):
+        assert len(load_ply(save_ply(tmp_path / "few.ply", random_gaussians(20, 3, 4, seed=2)))) == 20
+
+
+# ------------------------------------------------------------------ other tools: splat-transform, gsply
+BROWSER = __import__("pathlib").Path(__file__).resolve().parent / "browser"
+SPLAT_TRANSFORM = BROWSER / "node_modules" / ".bin" / "splat-transform"
+
+
+def splat_transform(*args, timeout=120):
+    """Run the pinned @playcanvas/splat-transform (tests/browser/package-lock.json) or skip."""
+    import shutil
+    import subprocess
+
+    if shutil.which("node") is None or not SPLAT_TRANSFORM.exists():
+        pytest.skip("@playcanvas/splat-transform is not installed (npm ci --prefix tests/browser)")
+    r = subprocess.run([str(SPLAT_TRANSFORM), "-q", "-w", *map(str, args)], capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, r.stderr[-2000:] + r.stdout[-2000:]
+
+
+def plain_scene(n=300, seed=0, latents=4):
+    """A plausible splat (values as trained scenes have them) with normals and an integer label."""
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    return Gaussians(means=r(n, 3) * 2, scales=r(n, 3) * 0.5 - 3, quats=r(n, 4), opacities=r(n) * 2,
+                     sh0=r(n, 1, 3), shN=r(n, 15, 3) * 0.1, latents=r(n, latents) * 0.3 if latents else None,
+                     extra={"nx": torch.zeros(n), "ny": torch.zeros(n), "nz": torch.zeros(n),
+                            "class_id": torch.randint(0, 9, (n,), generator=gen).to(torch.uint8)})
+
+
+def assert_same_3dgs_fields(g, h):
+    for name in ("means", "scales", "quats", "opacities", "sh0", "shN"):
+        assert same_bits(getattr(g, name), getattr(h, name)), name
+
+
+@pytest.mark.parametrize("latent_dtype", ["float32", "float16"])
+def test_splat_transform_round_trip_is_refused_not_misread(tmp_path, latent_dtype):
+    """Issue 19: a semantic PLY through splat-transform loses the marker (and float16 ushort columns become
+    uint); loading it must fail naming the file, the column, the cause and the way back - never return
+    reinterpreted latents - while its plain 3DGS fields still load exactly."""
+    import rh3dgs
+    from rh3dgs.api import save_scene
+    from rh3dgs.field import SemanticField
+
+    g = plain_scene()
+    src = save_ply(tmp_path / "semantic.ply", g, latent_dtype=latent_dtype)
+    out = tmp_path / "converted.ply"
+    splat_transform(src, out)
+    header = header_of(out)
+    assert "sem_0" in header and "rh3dgs sem_dtype" not in header  # the converter kept the columns, not the marker
+    with pytest.raises(PlyFormatError) as ei:
+        load_ply(out)
+    msg = str(ei.value)
+    assert str(out) in msg and ei.value.field == "sem_0"
+    assert "converter" in msg and "re-export" in msg and "scene folder" in msg
+    h = load_ply(out, latents=False)
+    assert h.latents is None and len(h) == len(g)
+    assert_same_3dgs_fields(g, h)
+    # a scene folder whose semantic.ply went through the converter: refused before any query runs
+    field = SemanticField(g.latents, torch.nn.functional.normalize(torch.randn(8, 4), dim=0))
+    scene_dir = save_scene(tmp_path / "scene", g, field, latent_dtype=latent_dtype)
+    (scene_dir / "semantic.ply").write_bytes(out.read_bytes())
+    with pytest.raises(PlyFormatError, match="sem_0"):
+        rh3dgs.load(scene_dir)
+
+
+def test_export_reads_the_same_in_gsply_splat_transform_and_plyfile(tmp_path):
+    """Issue 19: the default export (select / export) is a plain INRIA PLY: gsply and splat-transform read
+    the same positions, scales, opacities and colours as plyfile."""
+    gsply = pytest.importorskip("gsply")
+    from rh3dgs.api import Scene
+    from rh3dgs.field import SemanticField
+
+    g = plain_scene(n=257)
+    scene = Scene(g, SemanticField(g.latents, torch.nn.functional.normalize(torch.randn(8, 4), dim=0)))
+    p = scene.export_ply(tmp_path / "export.ply", mask=torch.arange(257) % 3 != 0)
+    ref = PlyData.read(str(p))["vertex"].data
+    col = lambda *names: np.stack([np.asarray(ref[nm], np.float32) for nm in names], -1)  # noqa: E731
+    expect = {"means": col("x", "y", "z"), "scales": col("scale_0", "scale_1", "scale_2"),
+              "opacities": col("opacity")[:, 0], "sh0": col("f_dc_0", "f_dc_1", "f_dc_2"),
+              "quats": col("rot_0", "rot_1", "rot_2", "rot_3"),
+              "shN": col(*[f"f_rest_{i}" for i in range(45)]).reshape(-1, 3, 15).transpose(0, 2, 1)}
+    assert len(ref) == 171 and "sem_0" not in ref.dtype.names
+    gs = gsply.plyread(str(p))
+    for name, want in expect.items():
+        np.testing.assert_array_equal(np.asarray(getattr(gs, name), np.float32), want, err_msg=f"gsply {name}")
+    csv = tmp_path / "export.csv"
+    splat_transform(p, csv)
+    lines = csv.read_text().splitlines()
+    cols = lines[0].split(",")
+    vals = np.array([[float(v) for v in ln.split(",")] for ln in lines[1:]]).astype(np.float32)
+    st = {c: vals[:, j] for j, c in enumerate(cols)}
+    for names in (("x", "y", "z"), ("scale_0", "scale_1", "scale_2"), ("opacity",), ("f_dc_0", "f_dc_1", "f_dc_2"),
+                  tuple(f"f_rest_{i}" for i in range(45))):
+        np.testing.assert_array_equal(np.stack([st[c] for c in names], -1), col(*names), err_msg=str(names[:3]))
+    # and rh3dgs reads it back: same fields, the label kept as a float column
+    h = load_ply(p)
+    assert_same_3dgs_fields(g[torch.arange(257) % 3 != 0], h)
+    assert h.extra["class_id"].dtype == torch.float32
+
+
+def test_old_float16_files_still_load(tmp_path):
+    """Backward compatibility: files of earlier versions (float16 bit patterns in ushort + marker)."""
+    g = plain_scene(n=40)
+    p = save_ply(tmp_path / "old.ply", g, latent_dtype="float16")
+    raw = p.read_bytes()
+    assert b"comment rh3dgs sem_dtype float16" in raw[:4000] and b"property ushort sem_0" in raw[:4000]
+    h = load_ply(p)
+    assert_same_3dgs_fields(g, h)
+    assert torch.equal(h.latents, g.latents.half().float())
+
+
+REALDATA_SPLATS = __import__("pathlib").Path("/work/shared/realdata/splats")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,n,n_inf", [("donut.ply", 45624, None), ("biker.compressed.ply", 152746, 198),
+                                          ("guitar.compressed.ply", 90854, 667)])
+def test_real_splats_load(tmp_path, name, n, n_inf):
+    src = REALDATA_SPLATS / name
+    if not src.is_file():
+        pytest.skip(f"real data not present ({src}); see shared/realdata/README.md")
+    if name.endswith(".compressed.ply"):
+        with pytest.raises(PlyFormatError, match="compressed"):
+            load_ply(src)
+        out = tmp_path / name.replace(".compressed", "")
+        splat_transform(src, out)
+        src = out
+    g = load_ply(src)
+    assert len(g) == n and g.latents is None
+    if n_inf is not None:
+        assert int(torch.isinf(g.opacities).sum()) == n_inf and (g.opacities[torch.isinf(g.opacities)] > 0).all()
+    finite = torch.isfinite(torch.cat([g.means, g.scales, g.quats, g.sh0.flatten(1), g.shN.flatten(1)], 1))
+    assert finite.all()

@@ -10,8 +10,9 @@ One ``vertex`` element, one row per Gaussian, all properties scalar::
   3DGS code and ``ns-export gaussian-splat`` write (``shN.transpose(1, 2).reshape(N, 3K)``).
 * ``opacity`` is the logit, ``scale_*`` the log standard deviations, ``rot_*`` the
   (w, x, y, z) quaternion, un-normalised - all stored raw, as optimised.
-* ``sem_*`` are rh3dgs' semantic latents (``Gaussians.latents``). Other 3DGS viewers
-  ignore unknown properties. They are stored as **float16** by default (see below).
+* ``sem_*`` are rh3dgs' semantic latents (``Gaussians.latents``), written with the header
+  line ``comment rh3dgs sem_dtype float32`` (the *marker*, :data:`SEM_MARKERS`). Other 3DGS
+  tools ignore unknown properties.
 * Every other vertex property (``nx ny nz``, colours, anything unknown) is kept in
   ``Gaussians.extra`` with its original dtype and written back, so
   ``save_ply(load_ply(p))`` reproduces every field bit for bit.
@@ -22,27 +23,40 @@ Property order on writing: the standard fields in the order above; ``nx ny nz`` 
 written by INRIA 3DGS, nerfstudio and rh3dgs therefore round-trip with identical headers;
 a file that had unknown properties elsewhere gets them moved, values unchanged.
 
-Loading accepts binary (either endianness) and ASCII PLY; standard fields stored as
-float64 or integers are converted to float32. Writing is always binary little-endian,
-float32 for the standard fields, and atomic (:func:`rh3dgs.io.atomic.atomic_write`).
+Loading accepts binary (either endianness) and ASCII PLY. Every column that is read is
+checked for its declared type and meaning before its values are used: the standard fields
+must be ``float`` or ``double`` (converted to float32, values beyond float32 refused), an
+integer standard field is refused (quantised / packed data, not 3DGS values), NaN and Inf
+are refused except ``opacity = +inf / -inf``, a saturated logit (fully opaque / transparent;
+splat-transform writes it), which loads as is (``sigmoid`` gives 1 / 0). Writing is always
+binary little-endian, float32 for the standard fields, and atomic
+(:func:`rh3dgs.io.atomic.atomic_write`).
 
-Half-precision latents. PLY has no 16-bit float type, so ``save_ply(...,
-latent_dtype="float16")`` (the default) writes each ``sem_i`` as ``ushort`` holding the
-IEEE binary16 bit pattern of the value (rounded to nearest even) and adds the header line
-``comment rh3dgs sem_dtype float16`` (:data:`SEM_DTYPE_COMMENT`). :func:`load_ply` reads
-that comment, reinterprets the ``ushort`` columns as float16 and returns float32 latents
-(exactly the float16 values), so load -> save -> load is bit-exact on every field. A file
-with that comment whose ``sem_*`` are not ``ushort``, and a file whose ``sem_*`` are
-``ushort`` *without* it (e.g. a tool rewrote the header and dropped comments), are rejected
-with a :class:`PlyFormatError` naming the property: float16 bit patterns read as integers
-would be silently wrong latents. float16 keeps 11 significant bits (relative error <= 2^-11,
-about 5e-4) and holds |x| <= 65504; lifted latents are PCA coordinates of unit vectors
-(|x| <= 1), so nothing measurable is lost while the latents take half the bytes (2 d instead
-of 4 d per Gaussian; see :func:`rh3dgs.memory.ply_bytes_per_gaussian`). Saving latents
-outside that range **raises** :class:`PlyFormatError` naming the file and the ``sem_*``
-property (no silent fallback); pass ``latent_dtype="float32"`` to store them as float32,
-which writes no comment (the layout of earlier rh3dgs versions, still read as before).
-Re-saving a float32-latent file with the default quantises its latents to float16.
+Latents. ``save_ply(..., latent_dtype="float32")`` (the default) stores each ``sem_i`` as a
+PLY ``float``: a standard type that gsply, splat-transform, SuperSplat and plyfile read as
+its value. ``latent_dtype="float16"`` is a **compact, rh3dgs-only** option: PLY has no 16-bit
+float type, so each ``sem_i`` becomes a ``ushort`` holding the IEEE binary16 bit pattern
+(rounded to nearest even) under the marker ``comment rh3dgs sem_dtype float16``; other tools
+read those bit patterns as integers, and readers that assume float columns (gsply) misplace
+every field after them. Keep it for files only rh3dgs reads (half the latent bytes; float16
+keeps 11 significant bits, holds |x| <= 65504; latents outside that range raise
+:class:`PlyFormatError` naming the property - save them as float32). Files written that way by
+earlier rh3dgs versions load unchanged.
+
+:func:`load_ply` reads ``sem_*`` only under a marker and only in the type it names
+(``float32`` -> ``float``, ``float16`` -> ``ushort``). A file with ``sem_*`` columns but no
+marker, or whose ``sem_*`` are of another type (a converter such as splat-transform drops
+header comments and rewrites ``ushort`` as ``uint``: float16 bit patterns read as numbers
+give 47105.0 for -0.5005), is refused with a :class:`PlyFormatError` naming the file, the
+column, the likely cause and the way back (re-export from the scene folder). Its plain
+3DGS fields can still be read with ``load_ply(path, latents=False)``, which skips ``sem_*``
+unchecked. ``save_ply(..., plain=True)`` writes a plain INRIA file (no ``sem_*``, every
+property a ``float``) that any 3DGS tool reads; ``rh3dgs select`` / ``export`` write that
+unless latents are asked for.
+
+Before reading any data, the header's vertex count goes through the memory model
+(:func:`rh3dgs.memory.ply_load_bytes`): a file whose rows cannot fit in memory, or that
+claims more rows than its bytes can hold, is refused with the estimate in the message.
 """
 from __future__ import annotations
 
@@ -54,11 +68,12 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from ..errors import NonFiniteError, PlyFormatError, ShapeError
+from ..errors import MemoryLimitError, NonFiniteError, PlyFormatError, ShapeError
 from ..gaussians import Gaussians
 from .atomic import atomic_write
 
-__all__ = ["load_ply", "save_ply", "ply_field_names", "SH_REST_COUNTS", "SEM_DTYPE_COMMENT", "LATENT_DTYPES"]
+__all__ = ["load_ply", "save_ply", "ply_field_names", "SH_REST_COUNTS", "SEM_DTYPE_COMMENT", "SEM_MARKERS",
+           "LATENT_DTYPES"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -78,15 +93,30 @@ _F_REST_RE = re.compile(r"^f_rest_(\d+)$")
 _SEM_RE = re.compile(r"^sem_(\d+)$")
 _RESERVED_RE = re.compile(r"^(f_dc|f_rest|sem)_\d+$")
 
-#: header comment (without the leading ``comment ``) marking ``sem_*`` as float16 bit patterns in ``ushort``
-SEM_DTYPE_COMMENT = "rh3dgs sem_dtype float16"
 _SEM_DTYPE_KEY = ("rh3dgs", "sem_dtype")
+#: header comments (without the leading ``comment ``) that mark ``sem_*`` columns, by latent dtype
+SEM_MARKERS = {"float32": "rh3dgs sem_dtype float32", "float16": "rh3dgs sem_dtype float16"}
+#: the compact (rh3dgs-only) marker: ``sem_*`` are float16 bit patterns in ``ushort``
+SEM_DTYPE_COMMENT = SEM_MARKERS["float16"]
+#: the PLY storage type each marker requires
+_SEM_STORAGE = {"float32": np.dtype("f4"), "float16": np.dtype("u2")}
 #: ``latent_dtype`` values :func:`save_ply` accepts
-LATENT_DTYPES = ("float16", "float32")
+LATENT_DTYPES = ("float32", "float16")
 _FP16_MAX = float(np.finfo(np.float16).max)  # 65504
+_F32_EXACT_INT = 2 ** 24  # integers float32 holds exactly
 
 # PLY scalar types (numpy kind+size) that plyfile can write
 _PLY_DTYPES = {np.dtype(t) for t in ("i1", "u1", "i2", "u2", "i4", "u4", "f4", "f8")}
+_PLY_NAMES = {"i1": "char", "u1": "uchar", "i2": "short", "u2": "ushort", "i4": "int", "u4": "uint", "f4": "float",
+              "f8": "double"}
+
+_RECOVER = ("re-export it from the rh3dgs scene folder it came from (`rh3dgs export SCENE --latents --output "
+            "FILE`, or use the folder's semantic.ply), or read only its 3DGS fields with "
+            "load_ply(path, latents=False)")
+
+
+def _type_name(dt: np.dtype) -> str:
+    return _PLY_NAMES.get(dt.newbyteorder("=").str[1:], str(dt))
 
 
 def ply_field_names(sh_degree: int, n_latents: int = 0, *, normals: bool = False) -> List[str]:
@@ -134,7 +164,8 @@ def _check_layout(path: Path, element_names: Sequence[str], props: Sequence[Tupl
     if missing:
         hint = ""
         if "packed_position" in names:
-            hint = " It looks like a compressed (SuperSplat) PLY; decompress it to the standard layout first."
+            hint = (" It looks like a compressed (SuperSplat) PLY; decompress it to the standard layout first "
+                    "(npx @playcanvas/splat-transform IN.compressed.ply OUT.ply).")
         elif {"red", "green", "blue"} <= set(names) and any(n.startswith("f_dc") for n in missing):
             hint = (
                 " It stores colours as red/green/blue instead of SH coefficients; re-export with SH coefficients "
@@ -167,8 +198,53 @@ def _check_layout(path: Path, element_names: Sequence[str], props: Sequence[Tupl
     return SH_REST_COUNTS[len(rest)], len(sem)
 
 
-def _peek_header(path: Path, size: int):
-    """Parse only the header (fail fast on a mesh or a corrupt file before reading data).
+def _row_bytes(props, text: bool) -> int:
+    """Fewest bytes one row of ``props`` can take in the file (ASCII: one digit and a separator each)."""
+    from plyfile import PlyListProperty
+
+    total = 0
+    for p in props:
+        if text:
+            total += 2
+        elif isinstance(p, PlyListProperty):
+            total += np.dtype(p.len_dtype).itemsize
+        else:
+            total += np.dtype(p.val_dtype).itemsize
+    return max(total, 1)
+
+
+def _check_rows_fit(path: Path, hdr, size: int, latents: bool) -> None:
+    """Refuse, from the header alone, a row count the file cannot hold or memory cannot take."""
+    from ..memory import format_bytes, memory_budget, over_budget_message, ply_load_bytes
+
+    for e in hdr.elements:
+        if e.count < 0:
+            raise PlyFormatError(path, f"header declares {e.count} {e.name!r} rows; corrupt", field=e.name)
+        file_need = e.count * _row_bytes(e.properties, hdr.text)
+        need = 0
+        if e.name == "vertex":
+            names = [p.name for p in e.properties]
+            n_std = sum(1 for nm in names if nm in _REQUIRED or _F_REST_RE.match(nm))
+            n_sem = sum(1 for nm in names if _SEM_RE.match(nm)) if latents else 0
+            extra = sum(8 for nm in names if not (nm in _REQUIRED or _F_REST_RE.match(nm) or _SEM_RE.match(nm)))
+            need = ply_load_bytes(e.count, n_std, n_sem, extra, _row_bytes(e.properties, False) if hdr.text else 0)
+        budget, source = memory_budget()
+        too_big = need > budget
+        estimate = over_budget_message(need, f"loading {e.count} Gaussians",
+                                       "float32 standard fields read and split into tensors, latents, extra "
+                                       "properties", ["fewer Gaussians (decimate the scene, e.g. "
+                                                      "`npx @playcanvas/splat-transform IN.ply -d 50% OUT.ply`)"],
+                                       budget, source) if too_big else ""
+        if file_need > size:
+            msg = (f"header declares {e.count} {e.name!r} rows, which need at least {format_bytes(file_need)}, but the "
+                   f"file has {size} bytes; truncated or corrupt")
+            raise PlyFormatError(path, msg + (f" ({estimate})" if estimate else ""), field=e.name)
+        if too_big:
+            raise MemoryLimitError(f"{path} [{e.name}]: {estimate}")
+
+
+def _peek_header(path: Path, size: int, latents: bool):
+    """Parse only the header (fail fast on a mesh, a corrupt file or an impossible size before reading data).
 
     Uses plyfile's header parser; returns None if this plyfile version lacks it.
     """
@@ -180,27 +256,24 @@ def _peek_header(path: Path, size: int):
     with open(path, "rb") as f:
         hdr = parse(f)
     elements = list(hdr.elements)
-    for e in elements:
-        if e.count < 0 or e.count > size:  # every row needs at least one byte
-            raise PlyFormatError(path, f"header declares {e.count} {e.name!r} rows but the file has {size} bytes; truncated or corrupt", field=e.name)
     names = [e.name for e in elements]
     vertex = next((e for e in elements if e.name == "vertex"), None)
     props = [] if vertex is None else [(p.name, isinstance(p, PlyListProperty)) for p in vertex.properties]
+    _check_rows_fit(path, hdr, size, latents)
+    _check_layout(path, names, props)
     return names, props
 
 
-def _read(path: Path):
+def _read(path: Path, latents: bool):
     from plyfile import PlyData, PlyParseError
 
     try:
         size = path.stat().st_size
         if size == 0:
             raise PlyFormatError(path, "file is empty")
-        peek = _peek_header(path, size)
-        if peek is not None:
-            _check_layout(path, *peek)
+        _peek_header(path, size, latents)
         return PlyData.read(str(path), mmap="c")
-    except PlyFormatError:
+    except (PlyFormatError, MemoryLimitError):
         raise
     except PlyParseError as e:
         elt = getattr(getattr(e, "element", None), "name", None)
@@ -212,6 +285,8 @@ def _read(path: Path):
         raise PlyFormatError(path, msg, field=prop or elt) from e
     except (ValueError, TypeError, IndexError, KeyError, UnicodeDecodeError, EOFError, OverflowError) as e:
         raise PlyFormatError(path, f"not a valid PLY file, or truncated / corrupt: {type(e).__name__}: {e}") from e
+    except MemoryError as e:
+        raise MemoryLimitError(f"{path}: out of memory while reading the file ({e})") from None
     except OSError as e:
         raise PlyFormatError(path, f"cannot read file: {e}") from e
 
@@ -222,23 +297,47 @@ def _column(data: np.ndarray, name: str) -> np.ndarray:
     return np.array(col, dtype=col.dtype.newbyteorder("="), copy=True)
 
 
+def _check_float_types(path: Path, data: np.ndarray, names: Sequence[str]) -> None:
+    """The standard 3DGS fields are real numbers: PLY ``float`` / ``double`` only."""
+    for name in names:
+        dt = data.dtype[name]
+        if dt.kind != "f":
+            raise PlyFormatError(
+                path,
+                f"stored as {_type_name(dt)}, but a 3DGS {name!r} is a float (PLY 'float' or 'double'): integer "
+                "columns hold quantised or packed values, not the 3DGS parameters. Convert the file to the standard "
+                "layout (e.g. npx @playcanvas/splat-transform IN OUT.ply)",
+                field=name,
+            )
+
+
 def _float_columns(path: Path, data: np.ndarray, names: Sequence[str]) -> np.ndarray:
-    """[N, len(names)] float32, after checking every value is finite."""
+    """[N, len(names)] float32, after checking every value is finite (``opacity``: +-inf allowed) and,
+    for ``double`` columns, within the float32 range."""
     out = np.empty((len(data), len(names)), dtype=np.float32)
     for j, name in enumerate(names):
         col = _column(data, name)
-        if col.dtype.kind == "f":
-            _check_finite(path, col, name)
-        out[:, j] = col
+        inf_ok = name == "opacity"
+        _check_finite(path, col, name, allow_inf=inf_ok)
+        with np.errstate(over="ignore"):
+            out[:, j] = col
+        if col.dtype.itemsize > 4:
+            over = np.isinf(out[:, j]) & np.isfinite(col)
+            if over.any():
+                first = int(np.flatnonzero(over)[0])
+                raise PlyFormatError(path, f"{int(over.sum())} double value(s) beyond the float32 range (|x| > 3.4e38), "
+                                           f"first at vertex {first} ({col[first]:g})", field=name)
     return out
 
 
-def _check_finite(path: Path, col: np.ndarray, name: str) -> None:
-    bad = ~np.isfinite(col)
+def _check_finite(path: Path, col: np.ndarray, name: str, allow_inf: bool = False) -> None:
+    bad = np.isnan(col) if allow_inf else ~np.isfinite(col)
     if bad.any():
         first = int(np.flatnonzero(bad)[0])
-        raise PlyFormatError(path, f"{int(bad.sum())} non-finite value(s) (NaN/Inf) out of {len(col)}, "
-                                   f"first at vertex {first}", field=name)
+        what = "NaN value(s)" if allow_inf else "non-finite value(s) (NaN/Inf)"
+        raise PlyFormatError(path, f"{int(bad.sum())} {what} out of {len(col)}, first at vertex {first}"
+                                   + (" (+-inf is read as a saturated logit, NaN is an error)" if allow_inf else ""),
+                             field=name)
 
 
 def _sem_dtype(path: Path, ply) -> Optional[str]:
@@ -254,8 +353,8 @@ def _sem_dtype(path: Path, ply) -> Optional[str]:
         if tuple(tok[:2]) != _SEM_DTYPE_KEY:
             continue
         value = tok[2] if len(tok) == 3 else None
-        if value not in ("float16", "float32"):
-            raise PlyFormatError(path, f"header comment {c!r} is not 'rh3dgs sem_dtype float16' or '... float32'",
+        if value not in _SEM_STORAGE:
+            raise PlyFormatError(path, f"header comment {c!r} is not 'rh3dgs sem_dtype float32' or '... float16'",
                                  field="comment")
         if found is not None and found != value:
             raise PlyFormatError(path, "header comments give conflicting sem_dtype values", field="comment")
@@ -264,49 +363,66 @@ def _sem_dtype(path: Path, ply) -> Optional[str]:
 
 
 def _latent_columns(path: Path, data: np.ndarray, names: Sequence[str], sem_dtype: Optional[str]) -> np.ndarray:
-    """[N, d] float32 latents; ``sem_dtype == "float16"``: ushort columns hold float16 bit patterns."""
-    if sem_dtype != "float16":
-        for name in names:
-            dt = data.dtype[name]
-            if dt.kind == "u" and dt.itemsize == 2:
-                raise PlyFormatError(
-                    path,
-                    "stored as ushort (uint16) but the header lacks the line 'comment rh3dgs sem_dtype float16': "
-                    "cannot tell float16 bit patterns from integers. Add that comment if these are rh3dgs float16 "
-                    "latents (a tool dropped it), or store them as float",
-                    field=name,
-                )
-        return _float_columns(path, data, names)
+    """[N, d] float32 latents, read only as the marker says (float32: ``float``; float16: ``ushort`` bit patterns)."""
+    if sem_dtype is None:
+        kinds = sorted({_type_name(data.dtype[nm]) for nm in names})
+        raise PlyFormatError(
+            path,
+            f"has {len(names)} sem_* (rh3dgs latent) columns, stored as {'/'.join(kinds)}, but not the header line "
+            f"'comment {SEM_MARKERS['float32']}' (or '... float16') that rh3dgs writes with them. Probably a "
+            "converter (splat-transform, SuperSplat, a PLY editor) rewrote the file: it drops header comments and may "
+            "retype or reorder columns, so these values cannot be trusted as latents. To recover, " + _RECOVER,
+            field=names[0],
+        )
+    want = _SEM_STORAGE[sem_dtype]
+    for name in names:
+        dt = data.dtype[name].newbyteorder("=")
+        if dt != want:
+            if sem_dtype == "float16" and dt.kind in "ui":
+                cause = (f"float16 bit patterns must be ushort; as {_type_name(dt)} a converter probably widened them "
+                         "(splat-transform writes uint)")
+            else:
+                cause = "a converter or editor probably retyped the column"
+            raise PlyFormatError(
+                path,
+                f"the header marks sem_* as {sem_dtype} ('comment {SEM_MARKERS[sem_dtype]}', stored as "
+                f"{_type_name(want)}) but this column is stored as {_type_name(dt)}: {cause}. "
+                "Its values are not latents; to recover, " + _RECOVER,
+                field=name,
+            )
     out = np.empty((len(data), len(names)), dtype=np.float32)
     for j, name in enumerate(names):
         col = _column(data, name)
-        if not (col.dtype.kind == "u" and col.dtype.itemsize == 2):
-            raise PlyFormatError(
-                path,
-                f"the header says sem_* are float16 bit patterns ('comment {SEM_DTYPE_COMMENT}') but this property "
-                f"is stored as {col.dtype.name}, expected ushort",
-                field=name,
-            )
-        half = col.view(np.float16)
-        _check_finite(path, half, name)
-        out[:, j] = half
+        if sem_dtype == "float16":
+            col = col.view(np.float16)
+        _check_finite(path, col, name)
+        out[:, j] = col
     return out
 
 
-def load_ply(path: PathLike, device: Union[str, torch.device] = "cpu") -> Gaussians:
-    """Load a 3DGS PLY (INRIA / nerfstudio / rh3dgs layout, see the module doc).
+def load_ply(path: PathLike, device: Union[str, torch.device] = "cpu", *, latents: bool = True) -> Gaussians:
+    """Load a 3DGS PLY (INRIA / nerfstudio / splat-transform / rh3dgs layout, see the module doc).
+
+    Args:
+        path: the ``.ply`` file.
+        device: where the returned tensors live.
+        latents: read the ``sem_*`` columns as ``latents`` (checked against the marker, see the
+            module doc); False skips them unchecked (a file a converter rewrote, used for its
+            3DGS fields only).
 
     Returns a :class:`Gaussians` on ``device`` with raw parameters; ``sem_*`` become
-    ``latents`` (float32; float16 files, marked by the header comment
-    ``rh3dgs sem_dtype float16``, give exactly their float16 values), every other
+    ``latents`` (float32; compact float16 files give exactly their float16 values), every other
     non-standard property goes to ``extra`` in file order with its dtype. A file with zero
-    Gaussians loads as an empty scene.
+    Gaussians loads as an empty scene. ``opacity`` may be +-inf (saturated logits).
 
     Raises :class:`PlyFormatError` (naming the file and, where it applies, the property)
     if the file is missing, not a PLY, truncated or corrupt, has no ``vertex`` element,
-    lacks required 3DGS properties, has an f_rest count other than 0/9/24/45, or holds
-    NaN / Inf in any standard or ``sem_*`` property (``extra`` properties are not checked),
-    or has ``ushort`` ``sem_*`` without the float16 comment (or the comment with other types).
+    lacks required 3DGS properties, stores one of them as an integer, has an f_rest count
+    other than 0/9/24/45, holds NaN / Inf in a standard or ``sem_*`` property (``extra``
+    properties are not checked; ``opacity`` may be +-inf), or has ``sem_*`` columns without
+    the marker or of another type than it names. Raises
+    :class:`rh3dgs.errors.MemoryLimitError` if the header's row count cannot fit in memory
+    (:mod:`rh3dgs.memory`), before reading the rows.
     """
     path = Path(path)
     if not path.exists():
@@ -314,7 +430,7 @@ def load_ply(path: PathLike, device: Union[str, torch.device] = "cpu") -> Gaussi
     if path.is_dir():
         raise PlyFormatError(path, "is a directory, expected a .ply file")
 
-    ply = _read(path)
+    ply = _read(path, latents)
     element_names = [e.name for e in ply.elements]
     if "vertex" not in element_names:
         _check_layout(path, element_names, [])
@@ -326,8 +442,10 @@ def load_ply(path: PathLike, device: Union[str, torch.device] = "cpu") -> Gaussi
 
     rest_names = [f"f_rest_{i}" for i in range(3 * k)]
     sem_names = [f"sem_{i}" for i in range(d)]
-    std = _float_columns(path, data, _XYZ + _DC + rest_names + _OPACITY + _SCALE + _ROT)  # order of take() below
-    latents = _latent_columns(path, data, sem_names, _sem_dtype(path, ply)) if d else None
+    std_names = _XYZ + _DC + rest_names + _OPACITY + _SCALE + _ROT  # order of take() below
+    _check_float_types(path, data, std_names)
+    lat = _latent_columns(path, data, sem_names, _sem_dtype(path, ply)) if d and latents else None
+    std = _float_columns(path, data, std_names)
     used = set(_REQUIRED) | set(rest_names) | set(sem_names)
     extra = {}
     for name in names:
@@ -356,7 +474,7 @@ def load_ply(path: PathLike, device: Union[str, torch.device] = "cpu") -> Gaussi
         opacities=opacities,
         sh0=sh0,
         shN=shN,
-        latents=None if latents is None else torch.from_numpy(latents),
+        latents=None if lat is None else torch.from_numpy(lat),
         extra=extra,
     )
     return g if torch.device(device) == torch.device("cpu") else g.to(device)
@@ -370,12 +488,17 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return t.cpu().numpy()
 
 
-def _extra_column(path: Path, name: str, t: torch.Tensor, n: int) -> np.ndarray:
+def _extra_column(path: Path, name: str, t: torch.Tensor, n: int, plain: bool = False) -> np.ndarray:
     if not isinstance(t, torch.Tensor):
         t = torch.as_tensor(t)
     if tuple(t.shape) != (n,):
         raise ShapeError(f"{path}: Gaussians.extra[{name!r}] must have shape [N]={[n]} to be written to a PLY, got {list(t.shape)}")
     a = _np(t)
+    if plain:  # every column a PLY float: what readers that assume float columns (gsply) need
+        if a.dtype.kind in "iub" and a.size and np.abs(a.astype(np.float64)).max() > _F32_EXACT_INT:
+            raise PlyFormatError(path, f"integer values beyond 2^24 cannot be written exactly as float in a plain "
+                                       "3DGS PLY; drop the property or save with plain=False", field=name)
+        return a.astype(np.float32)
     if a.dtype == np.bool_:
         a = a.astype(np.uint8)
     elif a.dtype == np.float16:
@@ -406,7 +529,7 @@ def _latent_dtype(latent_dtype) -> str:
         except TypeError:
             name = repr(name)
     if name not in LATENT_DTYPES:
-        raise ValueError(f"save_ply: latent_dtype must be 'float16' or 'float32', got {latent_dtype!r}")
+        raise ValueError(f"save_ply: latent_dtype must be 'float32' or 'float16', got {latent_dtype!r}")
     return name
 
 
@@ -426,24 +549,29 @@ def _to_half_bits(path: Path, names: Sequence[str], a: np.ndarray) -> np.ndarray
 
 
 def save_ply(path: PathLike, gaussians: Gaussians, mask: Optional[Union[torch.Tensor, np.ndarray]] = None, *,
-             latent_dtype: str = "float16") -> Path:
+             latent_dtype: str = "float32", plain: bool = False) -> Path:
     """Write ``gaussians`` (or the ``mask``-selected subset) as a binary little-endian 3DGS PLY.
 
     Args:
         path: output file, replaced atomically (parent folders are created).
         gaussians: the scene, on any device.
         mask: optional bool [N]; only Gaussians where it is True are written.
-        latent_dtype: "float16" (default: ``sem_*`` as ``ushort`` float16 bit patterns plus the
-            header comment ``rh3dgs sem_dtype float16``, see the module doc) or "float32".
+        latent_dtype: "float32" (default: ``sem_*`` as PLY ``float`` under the marker
+            ``comment rh3dgs sem_dtype float32``) or the compact, rh3dgs-only "float16"
+            (``ushort`` float16 bit patterns under ``comment rh3dgs sem_dtype float16``; see the module doc).
+        plain: write a plain INRIA 3DGS PLY that every 3DGS tool reads: no ``sem_*`` (the
+            latents are left out) and every extra property as ``float`` (integers beyond 2^24
+            raise, float64 is rounded to float32).
 
     Returns ``Path(path)``. Layout and order: see the module doc and
     :func:`ply_field_names`. ``extra`` tensors must be [N]; bool is written as uint8,
     float16 / bfloat16 as float32, int64 / uint64 as int32 / uint32 (if the values fit).
 
     Raises :class:`NonFiniteError` (before touching ``path``) if a standard field or the
-    latents hold NaN / Inf - such a file would not load; select the finite Gaussians with
-    ``mask`` instead. Raises :class:`PlyFormatError` naming the ``sem_*`` property (also
-    before touching ``path``) if ``latent_dtype="float16"`` and a latent has |x| > 65504.
+    latents hold NaN / Inf (``opacity`` may be +-inf: saturated logits) - such a file would
+    not load; select the finite Gaussians with ``mask`` instead. Raises
+    :class:`PlyFormatError` naming the ``sem_*`` property (also before touching ``path``) if
+    ``latent_dtype="float16"`` and a latent has |x| > 65504.
     Raises :class:`ShapeError` for a wrong-sized ``mask`` / extra.
     """
     from plyfile import PlyData, PlyElement
@@ -468,19 +596,19 @@ def save_ply(path: PathLike, gaussians: Gaussians, mask: Optional[Union[torch.Te
         (_SCALE, g.scales),
         (_ROT, g.quats),
     ]
-    d = 0 if g.latents is None else g.latents.shape[1]
+    d = 0 if g.latents is None or plain else g.latents.shape[1]
     sem_block = ([f"sem_{i}" for i in range(d)], g.latents)
 
     columns: Dict[str, np.ndarray] = {}
     for names, t in std_blocks + ([sem_block] if d else []):
         a = _np(t).astype(np.float32, copy=False).reshape(n, len(names))
-        bad = ~np.isfinite(a)
+        bad = np.isnan(a) if names is _OPACITY else ~np.isfinite(a)
         if bad.any():
             j = int(np.flatnonzero(bad.any(axis=0))[0])
             cnt = int(bad[:, j].sum())
             raise NonFiniteError(
-                f"save_ply({path}): property '{names[j]}' has {cnt} non-finite value(s) (NaN/Inf); "
-                f"the file would not load. Drop those Gaussians with mask=..."
+                f"save_ply({path}): property '{names[j]}' has {cnt} non-finite value(s) "
+                f"({'NaN' if names is _OPACITY else 'NaN/Inf'}); the file would not load. Drop those Gaussians with mask=..."
             )
         if names is sem_block[0] and latent_dtype == "float16":
             a = _to_half_bits(path, names, a)
@@ -490,7 +618,7 @@ def save_ply(path: PathLike, gaussians: Gaussians, mask: Optional[Union[torch.Te
     extras: Dict[str, np.ndarray] = {}
     for name, t in g.extra.items():
         _check_name(path, name)
-        extras[name] = _extra_column(path, name, t, n)
+        extras[name] = _extra_column(path, name, t, n, plain)
 
     order = list(_XYZ)
     order += [nm for nm in _NORMALS if nm in extras]
@@ -503,7 +631,7 @@ def save_ply(path: PathLike, gaussians: Gaussians, mask: Optional[Union[torch.Te
     arr = np.empty(n, dtype=dtype)
     for nm in order:
         arr[nm] = columns[nm]
-    comments = [SEM_DTYPE_COMMENT] if d and latent_dtype == "float16" else []
+    comments = [SEM_MARKERS[latent_dtype]] if d else []
     ply = PlyData([PlyElement.describe(arr, "vertex")], text=False, byte_order="<", comments=comments)
     with atomic_write(path, "wb") as f:
         ply.write(f)

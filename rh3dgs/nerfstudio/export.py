@@ -272,11 +272,11 @@ def load_nerfstudio_scene(
 
 def export_semantic_ply(config_yml: PathLike, out_path: PathLike, frame: Literal["data", "nerfstudio"] = "data",
                         step: Optional[int] = None, trust_checkpoint: bool = False,
-                        latent_dtype: str = "float16") -> Path:
+                        latent_dtype: str = "float32") -> Path:
     """Write the run's Gaussians as a standard 3DGS PLY with ``sem_*`` latent fields; returns the path.
 
-    The latents are stored as float16 by default (``latent_dtype``: "float16" or "float32",
-    see :mod:`rh3dgs.io.ply`; float16 refuses latents with |x| > 65504).
+    The latents are stored as float32 by default (``latent_dtype``: "float32" or the compact,
+    rh3dgs-only "float16", see :mod:`rh3dgs.io.ply`; float16 refuses latents with |x| > 65504).
 
     The decoder is not a per-Gaussian field: it is written beside the PLY as
     ``<out>.decoder.npy`` ([D, d] float32).

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError, FeatureFormatError
+from ..errors import ConfigError, FeatureFormatError, MemoryLimitError
 from .base import Teacher, check_images, upsample_features
 
 __all__ = ["PrecomputedTeacher", "read_feature_file", "validate_feature_map", "FEATURE_SUFFIXES",
@@ -57,6 +57,7 @@ def read_feature_file(path: PathLike) -> np.ndarray:
     suffix = path.suffix.lower()
     try:
         if suffix == ".npy":
+            _preflight_npy(path)
             return np.load(path, allow_pickle=False)
         if suffix == ".npz":
             with np.load(path, allow_pickle=False) as z:
@@ -79,7 +80,7 @@ def read_feature_file(path: PathLike) -> np.ndarray:
                     raise FeatureFormatError(path, "a .pt feature file must hold one tensor (or a dict with one "
                                                    f"tensor / a 'features' tensor), found keys {list(obj)[:8]}")
             return _as_numpy(obj, path)
-    except FeatureFormatError:
+    except (FeatureFormatError, MemoryLimitError):
         raise
     except (ValueError, OSError, EOFError, zipfile.BadZipFile, RuntimeError, KeyError, TypeError,
             AttributeError, ImportError) as e:
@@ -87,6 +88,24 @@ def read_feature_file(path: PathLike) -> np.ndarray:
     except Exception as e:  # pickle errors of torch.load and the like
         raise FeatureFormatError(path, f"unreadable or corrupt feature file ({type(e).__name__}: {e})") from None
     raise FeatureFormatError(path, f"unsupported feature file type {suffix!r}; use one of {FEATURE_SUFFIXES}")
+
+
+def _preflight_npy(path: Path) -> None:
+    """Refuse, from the .npy header alone, a map that cannot fit in memory (rh3dgs.memory)."""
+    from ..memory import check_memory, feature_map_bytes
+
+    with open(path, "rb") as f:
+        try:
+            version = np.lib.format.read_magic(f)
+            shape, _, dtype = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0(f))
+        except Exception:  # a corrupt header: np.load reports it below
+            return
+    if dtype.hasobject:
+        return
+    check_memory(feature_map_bytes(shape, dtype.itemsize), f"{path}: reading a {'x'.join(map(str, shape))} "
+                 f"{dtype.name} feature map", knobs=["feature maps at the teacher's patch resolution (they are "
+                                                     "upsampled to the image size as needed)"])
 
 
 def _first_index(mask: np.ndarray) -> Tuple[int, ...]:
