@@ -168,9 +168,9 @@ def cmd_extract(args) -> int:
 
 
 def cmd_lift(args) -> int:
-    from .api import save_scene
     from .field import SemanticField
     from .io.ply import load_ply
+    from .io.scene import save_scene
     from .io.transforms import load_transforms
     from .lifting import LiftConfig, lift
     from .memory import lift_memory_estimate
