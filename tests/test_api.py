@@ -136,10 +136,6 @@ def test_cli_query_writes_pngs_and_plys(lifted, tmp_path, capsys):
 # ---------------------------------------------------------------------------- the teacher is built lazily
 def _scene_naming(folder, teacher, text_embeddings=None):
     """A small semantic scene folder whose rh3dgs.json names ``teacher`` (D = 8, d = 4, 2 cameras)."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent))
     from _scenes import random_lift_scene
 
     from rh3dgs.field import SemanticField
@@ -161,8 +157,11 @@ def no_teacher_no_network(monkeypatch):
     def built(*a, **k):
         raise AssertionError("the teacher was built")
 
+    def connected(*a, **k):
+        raise AssertionError("a network connection was attempted")
+
     monkeypatch.setattr(ClipTeacher, "__init__", built)
-    monkeypatch.setattr(socket.socket, "connect", lambda *a, **k: built())
+    monkeypatch.setattr(socket.socket, "connect", connected)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
