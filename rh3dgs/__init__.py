@@ -24,7 +24,7 @@ _LAZY = {
     "lift": "rh3dgs.lifting",
     "load": "rh3dgs.api",
     "Scene": "rh3dgs.api",
-    "save_scene": "rh3dgs.api",
+    "save_scene": "rh3dgs.io.scene",
 }
 
 __all__ = ["Cameras", "Gaussians", "Rh3dgsError", "__version__", *_LAZY]
@@ -42,6 +42,7 @@ def __getattr__(name: str):
 if TYPE_CHECKING:  # pragma: no cover
     from .io.ply import load_ply, save_ply  # noqa: F401
     from .io.transforms import load_transforms  # noqa: F401
-    from .api import Scene, load, save_scene  # noqa: F401
+    from .api import Scene, load  # noqa: F401
+    from .io.scene import save_scene  # noqa: F401
     from .lifting import lift  # noqa: F401
     from .rendering import RenderResult, render  # noqa: F401

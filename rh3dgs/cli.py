@@ -206,9 +206,9 @@ def cmd_extract(args) -> int:
 
 
 def cmd_lift(args) -> int:
-    from .api import save_scene
     from .field import SemanticField
     from .io.ply import load_ply
+    from .io.scene import save_scene
     from .lifting import LiftConfig, lift
     from .memory import preflight_lift
     from .teachers import teacher_from_spec

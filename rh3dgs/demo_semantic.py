@@ -12,11 +12,13 @@ from typing import Dict
 
 import torch
 
-from .api import load, save_scene
+from .api import load
+from .data.labelled import LabelledDataset
 from .data.teacher_sim import TeacherSimConfig, simulate_teacher
 from .eval.metrics import miou_3d, semantic_miou
 from .field import SemanticField
 from .io.atomic import atomic_save_json, atomic_save_png
+from .io.scene import save_scene
 from .lifting import LiftConfig, lift
 from .rendering import render
 from .teachers import PrecomputedTeacher
@@ -42,6 +44,7 @@ def run(scene, out: Path, args) -> str:
     def maps(i: int) -> torch.Tensor:
         return teacher.load_feature_map(names[i])
 
+    labelled = LabelledDataset.open(data)
     results: Dict[str, dict] = {}
     lifted = {}
     for label, cfg in [("rh3dgs (VCD + robust Frechet)", LiftConfig(method="robust")),
@@ -61,10 +64,7 @@ def run(scene, out: Path, args) -> str:
             cos = f.cosine(r.features[0], text)  # [H, W, K]
             pred = cos.argmax(-1)
             pred[r.alpha[0] < 0.5] = 255
-            from PIL import Image
-            import numpy as np
-
-            gt = torch.from_numpy(np.array(Image.open(data / "masks" / f"{names[i]}.png"))).long()
+            gt = torch.from_numpy(labelled.mask(names[i]))
             ious.append(semantic_miou(pred, gt, num_classes=len(classes)))
         m2 = float(sum(ious) / len(ious))
         results[label] = {"miou_3d": float(m3), "miou_2d": m2, "seconds": res.info["seconds"],

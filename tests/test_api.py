@@ -138,3 +138,85 @@ def test_cli_query_writes_pngs_and_plys(lifted, tmp_path, capsys):
     assert rc == 2
     err = capsys.readouterr().err
     assert "nope" in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------------------- the teacher is built lazily
+def _scene_naming(folder, teacher, text_embeddings=None):
+    """A small semantic scene folder whose rh3dgs.json names ``teacher`` (D = 8, d = 4, 2 cameras)."""
+    from _scenes import random_lift_scene
+
+    from rh3dgs.field import SemanticField
+    from rh3dgs.io.scene import save_scene
+
+    gs, cams, _ = random_lift_scene(n=200, views=2, size=24, D=8)
+    g = torch.Generator().manual_seed(1)
+    fld = SemanticField(torch.randn(len(gs), 4, generator=g), torch.randn(8, 4, generator=g))
+    return save_scene(folder, gs, fld, cams, teacher=teacher, text_embeddings=text_embeddings)
+
+
+@pytest.fixture
+def no_teacher_no_network(monkeypatch):
+    """Constructing a CLIP teacher (or opening a connection) fails the test."""
+    import socket
+
+    from rh3dgs.teachers.clip import ClipTeacher
+
+    def built(*a, **k):
+        raise AssertionError("the teacher was built")
+
+    def connected(*a, **k):
+        raise AssertionError("a network connection was attempted")
+
+    monkeypatch.setattr(ClipTeacher, "__init__", built)
+    monkeypatch.setattr(socket.socket, "connect", connected)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def test_clip_teacher_scene_exports_renders_and_selects_without_its_teacher(tmp_path, no_teacher_no_network):
+    """#22: a scene lifted with ``--teacher clip`` (no weights on this machine) exports offline; the
+    teacher is never built for export, render, vector or stored-phrase queries."""
+    folder = _scene_naming(tmp_path / "scene", {"name": "clip", "model": "ViT-B-16", "pretrained": "laion2b_s34b_b88k"},
+                           text_embeddings={"chair": torch.ones(8)})
+    assert main(["export", str(folder), "--output", str(tmp_path / "all.ply")]) == 0
+    assert len(load_ply(tmp_path / "all.ply")) == 200
+    scene = rh3dgs.load(folder)
+    assert scene.render(0).shape == (24, 24, 3)
+    sel = scene.select(torch.ones(8), threshold=0.5, negatives=[])
+    assert sel.dtype == torch.bool and sel.shape == (200,)
+    assert scene.relevancy(["chair"], negatives=[]).shape == (1, 200)  # a stored phrase: no teacher
+    with pytest.raises(AssertionError, match="the teacher was built"):  # a new phrase needs the teacher
+        scene.relevancy(["lamp"], negatives=[])
+
+
+def test_scene_naming_a_missing_gpu_loads_exports_and_a_text_query_says_why(tmp_path, capsys):
+    """#22: a scene whose teacher names device cuda:7 loads and exports on this machine; a text query
+    then fails with one line naming rh3dgs.json and the device."""
+    if torch.cuda.device_count() > 7:
+        pytest.skip("this machine has a cuda:7")
+    folder = _scene_naming(tmp_path / "scene", {"name": "clip", "device": "cuda:7", "checkpoint": "w.bin"})
+    scene = rh3dgs.load(folder)
+    scene.export_ply(tmp_path / "all.ply")
+    assert len(load_ply(tmp_path / "all.ply")) == 200
+    with pytest.raises(InputFileError, match=r"rh3dgs.json \[teacher\]: cannot build the teacher.*'cuda:7'") as ei:
+        scene.select("chair")
+    assert "\n" not in str(ei.value)
+    assert main(["select", str(folder), "chair", "--output", str(tmp_path / "s.ply")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "rh3dgs.json" in err[0] and "cuda:7" in err[0], err
+
+
+def test_malformed_teacher_spec_is_refused_at_load(tmp_path):
+    import json
+
+    folder = _scene_naming(tmp_path / "scene", {"name": "clip"})
+    meta = json.loads((folder / "rh3dgs.json").read_text())
+    for bad, needle in (([1, 2], "must be an object"), ({"model": "ViT-B-16"}, "needs a teacher \"name\"")):
+        meta["teacher"] = bad
+        (folder / "rh3dgs.json").write_text(json.dumps(meta))
+        with pytest.raises(InputFileError, match=needle):
+            rh3dgs.load(folder)
+    meta["teacher"] = {"name": "dino-v9"}  # well-formed, unknown: refused when a text query needs it
+    (folder / "rh3dgs.json").write_text(json.dumps(meta))
+    scene = rh3dgs.load(folder)
+    with pytest.raises(InputFileError, match=r"\[teacher\]: cannot build the teacher.*dino-v9"):
+        scene.encode("chair")

@@ -3,7 +3,7 @@
 Fast tests build the pipeline on a small synthetic scene and check the pieces (latents in
 the densification strategy, CPU-safe LPIPS, losses and metrics, the relevancy hook, frame
 transforms). Slow tests run the real ``ns-train`` CLI on CPU, ``ns-eval`` on its checkpoint,
-and reload the run with :func:`rh3dgs.nerfstudio.export.load_nerfstudio_scene`.
+and reload the run with :func:`rh3dgs.io.nerfstudio_run.load_nerfstudio_scene`.
 """
 from __future__ import annotations
 
@@ -225,7 +225,7 @@ def test_viewer_path_does_not_use_compiled_viewmat(pipeline, monkeypatch):
 def test_rotate_sh_matches_rotated_evaluation():
     from gsplat.cuda._torch_impl import _spherical_harmonics
 
-    from rh3dgs.nerfstudio.export import rotate_sh
+    from rh3dgs.io.nerfstudio_run import rotate_sh
 
     torch.manual_seed(0)
     q = torch.nn.functional.normalize(torch.randn(4), dim=0)
@@ -311,7 +311,7 @@ def test_semantic_training_keeps_rgb_psnr_of_plain_splatfacto(trained_run):
 @pytest.mark.slow
 def test_load_nerfstudio_scene_and_export(trained_run, tmp_path):
     from rh3dgs.io.ply import load_ply
-    from rh3dgs.nerfstudio.export import export_semantic_ply, load_nerfstudio_scene
+    from rh3dgs.io.nerfstudio_run import export_semantic_ply, load_nerfstudio_scene
     from rh3dgs.rendering import render
 
     cfg, _, data = trained_run
@@ -355,7 +355,7 @@ def test_load_nerfstudio_scene_and_export(trained_run, tmp_path):
 @pytest.mark.slow
 def test_resume_from_checkpoint_keeps_optimizing_the_loaded_parameters(trained_run, tmp_path):
     """``--load-dir`` resume: torch.load of the checkpoint and the optimizers bound to the loaded Gaussians."""
-    from rh3dgs.nerfstudio.export import find_checkpoint, load_run_config
+    from rh3dgs.io.nerfstudio_run import find_checkpoint, load_run_config
 
     cfg_path, _, _ = trained_run
     c = load_run_config(cfg_path)
@@ -417,7 +417,7 @@ def test_ns_train_killed_then_resumed(small_data, tmp_path):
     import random
     import signal
 
-    from rh3dgs.nerfstudio.export import checkpoints_newest_first
+    from rh3dgs.io.nerfstudio_run import checkpoints_newest_first
 
     out = tmp_path / "outputs"
     models = out / "k" / "rh3dgs-lite" / "run" / "nerfstudio_models"

@@ -101,6 +101,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, InputFileError, ShapeError
+from .labelled import BACKGROUND  # mask value "no surface" (in memory, negative values are background too)
 
 __all__ = [
     "TeacherSimConfig",
@@ -115,9 +116,6 @@ __all__ = [
 
 #: LERF's canonical negative phrases (relevancy = min over these of a pairwise softmax).
 CANONICAL_NEGATIVES: Tuple[str, ...] = ("object", "things", "stuff", "texture")
-
-#: Mask value meaning "no surface" in ``masks/*.png`` (negative values are accepted in memory too).
-BACKGROUND = 255
 
 # random-stream purposes (second entry of the SeedSequence)
 _S_PROTO, _S_FAIL, _S_NOISE, _S_OUTLIER, _S_TEXT = 0, 1, 2, 3, 4
@@ -498,28 +496,20 @@ def simulate_teacher(dataset_dir, cfg: Optional[TeacherSimConfig] = None, progre
     occlusion contamination is on, ``depth/<stem>.npy`` (0 = background). Views are
     processed in sorted mask-file order; view ``i`` uses random stream ``i``.
     """
-    from PIL import Image
-
     from ..io.atomic import atomic_save_bytes, atomic_save_json, atomic_save_npz
     from ..progress import track
+    from .labelled import LabelledDataset
 
     cfg = cfg or TeacherSimConfig()
     root = Path(dataset_dir)
     classes_txt = root / "classes.txt"
-    if not classes_txt.is_file():
-        raise InputFileError(classes_txt, "missing: the dataset needs classes.txt (one class name per line)")
-    class_names = [ln.strip() for ln in classes_txt.read_text(encoding="utf-8").splitlines() if ln.strip()]
-    if not class_names:
-        raise InputFileError(classes_txt, "no class names")
-    if len(set(class_names)) != len(class_names):
-        raise InputFileError(classes_txt, "duplicate class names")
+    dataset = LabelledDataset.open(root)
+    class_names = dataset.classes
     clash = sorted(set(class_names) & set(CANONICAL_NEGATIVES))
     if clash:
         raise InputFileError(classes_txt, f"class names {clash} collide with the canonical negatives "
                                           f"{list(CANONICAL_NEGATIVES)} in text_embeddings.npz")
-    mask_files = sorted((root / "masks").glob("*.png"))
-    if not mask_files:
-        raise InputFileError(root / "masks", "no masks/*.png (per-pixel class index, 255 = background)")
+    mask_files = dataset.mask_files
     need_depth = cfg.occlusion_contamination > 0 and cfg.occlusion_band_px > 0
     K = len(class_names)
     protos = make_prototypes(K, cfg)
@@ -528,25 +518,11 @@ def simulate_teacher(dataset_dir, cfg: Optional[TeacherSimConfig] = None, progre
     failure_log: Dict[str, Dict[str, str]] = {}
     shape_hw = None
     for i, mf in enumerate(track(mask_files, description="simulating teacher features", disable=not progress)):
-        try:
-            with Image.open(mf) as im:
-                mask = np.array(im)
-        except Exception as exc:  # noqa: BLE001 - report any decoding failure as a file error
-            raise InputFileError(mf, f"cannot read mask PNG: {exc}") from exc
-        if mask.ndim != 2 or mask.dtype != np.uint8:
-            raise InputFileError(mf, f"mask must be a single-channel uint8 PNG, got {mask.dtype} {list(mask.shape)}")
+        mask = dataset.mask(mf.stem)
         depth = None
         if need_depth:
-            df = root / "depth" / f"{mf.stem}.npy"
-            if not df.is_file():
-                raise InputFileError(df, "missing depth map (needed for occlusion contamination; set "
-                                         "occlusion_contamination=0 to simulate without depth)")
-            try:
-                depth = np.load(df, allow_pickle=False)
-            except Exception as exc:  # noqa: BLE001
-                raise InputFileError(df, f"cannot read depth .npy: {exc}") from exc
-            if depth.shape != mask.shape:
-                raise InputFileError(df, f"depth shape {list(depth.shape)} != mask shape {list(mask.shape)}")
+            depth = dataset.depth(mf.stem, mask.shape, why="needed for occlusion contamination; set "
+                                                            "occlusion_contamination=0 to simulate without depth")
         try:
             lab = _labels(mask, K, str(mf))
         except ShapeError as exc:

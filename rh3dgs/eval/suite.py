@@ -43,6 +43,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
+from ..data.labelled import BACKGROUND, LabelledDataset
 from ..errors import ConfigError, InputFileError
 from .metrics import boundary_iou, iou, miou_3d
 from .protocols import lerf_ovs_mask
@@ -50,7 +51,6 @@ from .protocols import lerf_ovs_mask
 __all__ = ["evaluate_scene", "SuiteConfig", "SUITE_ROWS", "run_suite", "PeakMemory", "read_gt_dataset"]
 
 PathLike = Union[str, Path]
-BACKGROUND = 255
 
 
 # ----------------------------------------------------------------------------- memory
@@ -107,49 +107,10 @@ class PeakMemory:
 
 
 # ----------------------------------------------------------------------------- ground truth
-def _read_classes(path: Path) -> List[str]:
-    if not path.is_file():
-        raise InputFileError(path, "missing: the dataset needs classes.txt (one class name per line)")
-    names = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
-    if not names:
-        raise InputFileError(path, "no class names")
-    return names
-
-
 def read_gt_dataset(dataset_dir: PathLike) -> Tuple[List[str], Dict[str, np.ndarray], Optional[np.ndarray]]:
     """(class names, {stem: int64 [H, W] mask, 255 = background}, per-Gaussian class ids or None)."""
-    from PIL import Image, UnidentifiedImageError
-
-    root = Path(dataset_dir)
-    if not root.is_dir():
-        raise InputFileError(root, "dataset folder not found")
-    classes = _read_classes(root / "classes.txt")
-    files = sorted((root / "masks").glob("*.png"))
-    if not files:
-        raise InputFileError(root / "masks", "no masks/*.png (class index per pixel, 255 = background)")
-    masks = {}
-    for f in files:
-        try:
-            with Image.open(f) as im:
-                m = np.array(im).astype(np.int64)
-        except (OSError, UnidentifiedImageError) as exc:
-            raise InputFileError(f, f"cannot be read as an image ({exc})") from exc
-        if m.ndim != 2:
-            raise InputFileError(f, f"class mask must be single-channel, got shape {list(m.shape)}")
-        bad = (m != BACKGROUND) & ((m < 0) | (m >= len(classes)))
-        if bad.any():
-            raise InputFileError(f, f"value {int(m[bad][0])} is not a class index of classes.txt "
-                                    f"({len(classes)} classes, 255 = background)")
-        masks[f.stem] = m
-    gt3d = None
-    ply = root / "scene.ply"
-    if ply.is_file():
-        from ..io.ply import load_ply
-
-        g = load_ply(ply)
-        if "class_id" in g.extra:
-            gt3d = g.extra["class_id"].numpy().astype(np.int64)
-    return classes, masks, gt3d
+    ds = LabelledDataset.open(dataset_dir)
+    return ds.classes, ds.masks(), ds.class_ids()
 
 
 # ----------------------------------------------------------------------------- one scene
@@ -292,12 +253,7 @@ class SuiteConfig:
 
 
 def _load_dataset_arrays(data_dir: Path, names: Sequence[str]):
-    from PIL import Image
-
-    masks = torch.stack([torch.from_numpy(np.array(Image.open(data_dir / "masks" / f"{n}.png")).astype(np.int64))
-                         for n in names])
-    depths = torch.stack([torch.from_numpy(np.load(data_dir / "depth" / f"{n}.npy")) for n in names])
-    return masks, depths
+    return LabelledDataset.open(data_dir).arrays(names)
 
 
 def _label_colors(K: int) -> np.ndarray:

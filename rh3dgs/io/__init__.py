@@ -1,4 +1,7 @@
-"""File input / output: 3DGS PLY scenes, nerfstudio transforms.json cameras, atomic writes."""
+"""File input / output: 3DGS PLY scenes, nerfstudio transforms.json cameras, atomic writes.
+
+The semantic scene folder (:mod:`rh3dgs.io.scene`) and the ``ns-train`` run reader
+(:mod:`rh3dgs.io.nerfstudio_run`) are imported explicitly (``rh3dgs.load`` uses both)."""
 from __future__ import annotations
 
 from .atomic import (

@@ -6,7 +6,9 @@ Modules (import them explicitly; importing this package does not import nerfstud
 * :mod:`rh3dgs.nerfstudio.model`       ``Rh3dgsModel`` (splatfacto subclass)
 * :mod:`rh3dgs.nerfstudio.datamanager` ``Rh3dgsDataManager`` (teacher maps in ``batch["teacher"]``)
 * :mod:`rh3dgs.nerfstudio.pipeline`    ``Rh3dgsPipeline`` (semantic initialisation)
-* :mod:`rh3dgs.nerfstudio.export`      ``load_nerfstudio_scene``, ``export_semantic_ply``
+
+Reading a trained run back (``load_nerfstudio_scene``, ``export_semantic_ply``, ``rh3dgs.load(config.yml)``)
+is the core's job: :mod:`rh3dgs.io.nerfstudio_run`.
 """
 
 METHOD_ENTRY_POINTS = (

@@ -27,7 +27,7 @@ from nerfstudio.utils.rich_utils import CONSOLE
 
 from ..errors import Rh3dgsError
 from ..io.atomic import atomic_write, stale_temp_files
-from .export import checkpoints_newest_first
+from ..io.nerfstudio_run import checkpoints_newest_first
 
 __all__ = ["Rh3dgsTrainer", "Rh3dgsTrainerConfig", "CheckpointError"]
 

@@ -40,13 +40,18 @@ PathLike = Union[str, Path]
 
 # ------------------------------------------------------------------------- helpers
 def resolve_device(device: Union[str, torch.device, None]) -> torch.device:
-    """``None`` / ``"auto"`` -> CUDA when available, else CPU; anything else as given."""
+    """``None`` / ``"auto"`` -> CUDA when available, else CPU; anything else as given (a CUDA device this
+    machine does not have raises :class:`ConfigError`)."""
     if device is None or (isinstance(device, str) and device.lower() == "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return torch.device(device)
+        dev = torch.device(device)
     except (RuntimeError, TypeError) as e:
         raise ConfigError(f"teacher device {device!r} is not a valid torch device ({e})") from None
+    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+        raise ConfigError(f"teacher device {device!r} is not on this machine ({torch.cuda.device_count()} CUDA "
+                          "devices): set the teacher's device to 'auto' or 'cpu'")
+    return dev
 
 
 def upsample_features(fmap: torch.Tensor, out_size: Optional[Tuple[int, int]] = None,

@@ -2,6 +2,30 @@
 
 * :func:`load_nerfstudio_scene` ``(config.yml) -> (Gaussians, decoder [D, d], Cameras | None, teacher spec)``
 * :func:`export_semantic_ply` ``(config.yml, out.ply)``: standard 3DGS PLY + ``sem_*`` latents.
+* :func:`load_run_config` ``(config.yml)``: the run's TrainerConfig, read without running code (below).
+
+This is a core reader: it names no module of the plugin (:mod:`rh3dgs.nerfstudio`). The
+config classes it builds are the ones the run's ``config.yml`` names (nerfstudio's and the
+plugin's dataclasses), so reading a run needs nerfstudio installed, as training it did.
+
+config.yml without code execution. nerfstudio writes the config with ``yaml.dump`` and reads
+it back with ``yaml.Loader``, which calls any Python callable a file names:
+``!!python/object/apply:os.system ["..."]`` runs a shell command. :func:`load_run_config`
+parses it with PyYAML's ``SafeLoader`` plus exactly the tags nerfstudio writes for its
+configs, each one restricted:
+
+* ``!!python/object:M.Cls`` (a mapping): ``Cls`` must be a dataclass of a ``nerfstudio.`` /
+  ``rh3dgs.`` module; built with ``Cls.__new__`` and its fields set (no ``__init__`` runs, as
+  with ``yaml.Loader``);
+* ``!!python/object/apply:pathlib.PosixPath [parts]``: ``Path(*parts)`` (also ``Path`` and
+  ``WindowsPath``; ``PurePath``, ``PurePosixPath``, ``PureWindowsPath`` as themselves);
+* ``!!python/object/apply:M.Enum [value]``: ``Enum(value)`` for an ``enum.Enum`` of those modules;
+* ``!!python/name:M.Cls ''``: a class of ``nerfstudio.``, ``rh3dgs.`` or ``torch.optim.``;
+* ``!!python/tuple``: a tuple.
+
+Any other ``!!python/...`` tag (``object/apply`` of anything else, ``object/new``, ``module``,
+names of other modules) is refused before anything is imported: :class:`NerfstudioRunError`
+``"<config.yml>: line L: ..."``, one line naming the file.
 
 Frames: nerfstudio trains in its *normalised* frame (the dataparser re-orients, centres and
 scales the poses; ``dataparser_transforms.json`` in the run folder records it as
@@ -18,15 +42,20 @@ full unpickling (e.g. written by another nerfstudio model) is retried with
 """
 from __future__ import annotations
 
+import dataclasses
+import enum
+import importlib
 import json
 import math
 import os
+import pathlib
 import pickle
 from pathlib import Path
 from typing import Any, Dict, List, Literal, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
+import yaml
 from torch import Tensor
 
 from ..cameras import Cameras, OPENGL_TO_OPENCV
@@ -34,7 +63,7 @@ from ..errors import Rh3dgsError
 from ..gaussians import Gaussians
 
 __all__ = ["load_nerfstudio_scene", "export_semantic_ply", "load_run_config", "find_checkpoint",
-           "checkpoints_newest_first", "load_checkpoint", "rotate_sh"]
+           "checkpoints_newest_first", "load_checkpoint", "rotate_sh", "NerfstudioRunError"]
 
 PathLike = Union[str, os.PathLike]
 C0 = 0.28209479177387814
@@ -44,17 +73,98 @@ class NerfstudioRunError(Rh3dgsError):
     """A nerfstudio run folder / config / checkpoint that cannot be read."""
 
 
-def load_run_config(config_yml: PathLike):
-    """The TrainerConfig stored in a run's ``config.yml``."""
-    import yaml
+# ------------------------------------------------------------------------- config.yml
+_CONFIG_MODULES = ("nerfstudio.", "rh3dgs.")  # dataclasses and enums of these
+_CLASS_MODULES = _CONFIG_MODULES + ("torch.optim.",)  # classes named by !!python/name (e.g. _target)
+# a path written on any OS is this OS's Path (yaml.Loader cannot build a WindowsPath on Linux)
+_PATH_CLASSES = {**{f"pathlib.{n}": pathlib.Path for n in ("Path", "PosixPath", "WindowsPath")},
+                 **{f"pathlib.{n}": getattr(pathlib, n) for n in ("PurePath", "PurePosixPath", "PureWindowsPath")}}
+_YAML_PYTHON = "tag:yaml.org,2002:python/"
 
+
+def _refuse(node, problem: str):
+    """ConstructorError ``"<tag as written, e.g. !!python/name:x.Y> <problem>"`` at ``node``."""
+    tag = node.tag.replace("tag:yaml.org,2002:", "!!", 1)
+    return yaml.constructor.ConstructorError(None, None, f"{tag} {problem}", node.start_mark)
+
+
+def _find(name: str, modules: Tuple[str, ...], node) -> Any:
+    """``module.attr`` for a module under one of ``modules``; nothing is imported for any other name."""
+    module, _, attr = name.rpartition(".")
+    if not module or not attr or not (module + ".").startswith(modules):
+        raise _refuse(node, "is not allowed: a nerfstudio run config names only classes of "
+                            f"{', '.join(m.rstrip('.') for m in modules)}")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except Exception as exc:  # noqa: BLE001 - ImportError, or what the module raises on import
+        raise _refuse(node, f"names {name}, which cannot be imported ({type(exc).__name__}: {exc})") from None
+
+
+def _python_object(loader, suffix: str, node):
+    cls = _find(suffix, _CONFIG_MODULES, node)
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)) or not isinstance(node, yaml.MappingNode):
+        raise _refuse(node, "is not a config dataclass with fields")
+    obj = cls.__new__(cls)
+    yield obj
+    state = loader.construct_mapping(node, deep=True)
+    if not all(isinstance(k, str) for k in state):
+        raise _refuse(node, "has field names that are not strings")
+    vars(obj).update(state)
+
+
+def _python_apply(loader, suffix: str, node):
+    if not isinstance(node, yaml.SequenceNode):
+        raise _refuse(node, "must be followed by a list of arguments")
+    cls = _PATH_CLASSES.get(suffix)
+    if cls is None:
+        cls = _find(suffix, _CONFIG_MODULES, node)
+        if not (isinstance(cls, type) and issubclass(cls, enum.Enum)):
+            raise _refuse(node, "is not allowed: only paths and enums are built from arguments")
+    args = loader.construct_sequence(node, deep=True)
+    if not all(isinstance(a, (str, int, float)) for a in args) or (issubclass(cls, enum.Enum) and len(args) != 1):
+        raise _refuse(node, f"has unexpected arguments {args!r}"[:200])
+    try:
+        return cls(*args)
+    except (TypeError, ValueError) as exc:
+        raise _refuse(node, f"cannot be built ({exc})") from None
+
+
+def _python_name(loader, suffix: str, node):
+    obj = _find(suffix, _CLASS_MODULES, node)
+    if not isinstance(obj, type):
+        raise _refuse(node, "is not a class")
+    return obj
+
+
+def _python_other(loader, suffix: str, node):
+    raise _refuse(node, "is not allowed in a nerfstudio run config (only config dataclasses, paths, "
+                        "enums, classes and tuples are)")
+
+
+class _RunConfigLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` plus the restricted nerfstudio config tags (module docstring)."""
+
+
+_RunConfigLoader.add_constructor(_YAML_PYTHON + "tuple", lambda loader, node: tuple(loader.construct_sequence(node)))
+_RunConfigLoader.add_multi_constructor(_YAML_PYTHON + "object:", _python_object)
+_RunConfigLoader.add_multi_constructor(_YAML_PYTHON + "object/apply:", _python_apply)
+_RunConfigLoader.add_multi_constructor(_YAML_PYTHON + "name:", _python_name)
+_RunConfigLoader.add_multi_constructor(_YAML_PYTHON, _python_other)  # last: every other python/ tag
+
+
+def load_run_config(config_yml: PathLike):
+    """The TrainerConfig stored in a run's ``config.yml``, parsed without running code (module docstring)."""
     path = Path(config_yml)
     if not path.is_file():
         raise NerfstudioRunError(f"{path}: nerfstudio config file not found")
     try:
-        return yaml.load(path.read_text(), Loader=yaml.Loader)
-    except Exception as e:
-        raise NerfstudioRunError(f"{path}: cannot read the nerfstudio config ({type(e).__name__}: {e})") from None
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=_RunConfigLoader)
+    except yaml.MarkedYAMLError as e:
+        line = f"line {e.problem_mark.line + 1}: " if e.problem_mark is not None else ""
+        raise NerfstudioRunError(f"{path}: {line}cannot read the nerfstudio config ({e.problem})") from None
+    except (yaml.YAMLError, OSError, ValueError, RecursionError) as e:
+        msg = " ".join(str(e).split())
+        raise NerfstudioRunError(f"{path}: cannot read the nerfstudio config ({type(e).__name__}: {msg})") from None
 
 
 def checkpoints_newest_first(folder: Path) -> List[Tuple[int, Path]]:
@@ -206,6 +316,8 @@ def load_nerfstudio_scene(
     """
     config_yml = Path(config_yml)
     config = load_run_config(config_yml)
+    if not all(hasattr(getattr(config, "pipeline", None), k) for k in ("model", "datamanager")):
+        raise NerfstudioRunError(f"{config_yml}: not a nerfstudio run config (no pipeline.model / pipeline.datamanager)")
     ckpt_path = find_checkpoint(config_yml, config, step)
     state = _model_state(load_checkpoint(ckpt_path, trust_checkpoint), ckpt_path)
     if "gauss_params.latents" not in state or "decoder" not in state:
@@ -238,7 +350,7 @@ def load_nerfstudio_scene(
     cameras = None
     data_dir = _data_dir(config)
     if data_dir is not None and (data_dir / "transforms.json").is_file():
-        from ..io.transforms import load_transforms
+        from .transforms import load_transforms
 
         try:
             cameras, _ = load_transforms(data_dir, check_images=False)
@@ -259,8 +371,6 @@ def load_nerfstudio_scene(
     teacher_spec: Dict[str, Any] = {}
     tcfg = getattr(config.pipeline.datamanager, "teacher", None)
     if tcfg is not None:
-        import dataclasses
-
         if tcfg.name == "precomputed" and not tcfg.features_dir and data_dir is not None:
             tcfg = dataclasses.replace(tcfg, features_dir=str(data_dir / "features"))
         try:
@@ -283,7 +393,7 @@ def export_semantic_ply(config_yml: PathLike, out_path: PathLike, frame: Literal
     """
     import numpy as np
 
-    from ..io.ply import save_ply
+    from .ply import save_ply
 
     gaussians, decoder, _, _ = load_nerfstudio_scene(config_yml, "cpu", frame, step, trust_checkpoint)
     out = save_ply(out_path, gaussians, latent_dtype=latent_dtype)

@@ -1,0 +1,106 @@
+"""The nerfstudio run reader (rh3dgs.io.nerfstudio_run): config.yml is read without running code.
+
+nerfstudio itself reads config.yml with ``yaml.Loader``, which calls whatever a file names. Each
+payload below would run code (create a marker file) under that loader; ours refuses it before
+anything is imported, with one line naming the file. A config written the way ``ns-train``
+writes it (``yaml.dump`` of the TrainerConfig) reads back equal to what ``yaml.Loader`` builds.
+The slow tests of test_nerfstudio.py read a config.yml of a real ``ns-train rh3dgs-lite`` run.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import rh3dgs
+from rh3dgs.cli import main
+from rh3dgs.io.nerfstudio_run import NerfstudioRunError, load_run_config
+
+
+def _payloads(marker: Path) -> dict:
+    touch = f'["touch", "{marker}"]'
+    return {
+        "os.system": f'!!python/object/apply:os.system ["touch {marker}"]\n',
+        "object/new": f"!!python/object/new:subprocess.Popen [{touch}]\n",
+        "subprocess inside a nerfstudio config": (
+            "!!python/object:nerfstudio.configs.base_config.MachineConfig\n"
+            f"seed: !!python/object/apply:subprocess.check_call [{touch}]\n"),
+        "module import (name)": "x: !!python/name:rh3dgs_evil_mod.thing ''\n",
+        "module import (module)": "x: !!python/module:rh3dgs_evil_mod\n",
+        "module import (object)": "x: !!python/object:rh3dgs_evil_mod.Thing {}\n",
+        "a function as a class": "_target: !!python/name:os.system ''\n",
+        "an rh3dgs function": "_target: !!python/name:rh3dgs.cli.main ''\n",
+    }
+
+
+@pytest.fixture
+def evil_module(tmp_path, monkeypatch):
+    """A module on sys.path whose import creates a marker file (what a module-import payload runs)."""
+    marker = tmp_path / "MARKER"
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "rh3dgs_evil_mod.py").write_text(f"open({str(marker)!r}, 'w').close()\nthing = 1\n"
+                                                          "class Thing:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "mods"))
+    yield marker
+    sys.modules.pop("rh3dgs_evil_mod", None)
+
+
+@pytest.mark.parametrize("case", list(_payloads(Path("m"))))
+def test_config_payloads_run_nothing_and_name_the_file(case, tmp_path, evil_module, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = run / "config.yml"
+    cfg.write_text(_payloads(evil_module)[case])
+    with pytest.raises(NerfstudioRunError) as ei:
+        load_run_config(cfg)
+    msg = str(ei.value)
+    assert msg.startswith(f"{cfg}: line ") and "\n" not in msg and "!!python/" in msg, msg
+    with pytest.raises(NerfstudioRunError):
+        rh3dgs.load(cfg)
+    # the CLI's readers of a .yml: one line, exit 2
+    for argv in (["export", str(cfg), "--output", str(tmp_path / "o.ply")],
+                 ["select", str(cfg), "chair", "--output", str(tmp_path / "s.ply")],
+                 ["query", str(cfg), "chair", "--output", str(tmp_path / "q")],
+                 ["eval", str(cfg), "--data", str(tmp_path)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and str(cfg) in err[0], err
+    assert not evil_module.exists()
+    assert "rh3dgs_evil_mod" not in sys.modules
+    # what nerfstudio's own loader would do with the same file (the payload is real)
+    if case == "os.system":
+        yaml.load(cfg.read_text(), Loader=yaml.Loader)
+        assert evil_module.exists()
+
+
+def test_config_that_is_not_a_run(tmp_path):
+    cfg = tmp_path / "config.yml"
+    cfg.write_text("just: a mapping\n")
+    with pytest.raises(NerfstudioRunError, match="not a nerfstudio run config"):
+        rh3dgs.load(cfg)
+    cfg.write_text("a: [1, 2\n")
+    with pytest.raises(NerfstudioRunError, match=r"config.yml: line \d+: cannot read"):
+        load_run_config(cfg)
+    with pytest.raises(NerfstudioRunError, match="not found"):
+        load_run_config(tmp_path / "missing.yml")
+
+
+def test_config_as_ns_train_writes_it_reads_back_equal(tmp_path):
+    """``yaml.dump`` of the rh3dgs-lite TrainerConfig (what ns-train saves) -> the same config as yaml.Loader."""
+    pytest.importorskip("nerfstudio")
+    from rh3dgs.nerfstudio.config import rh3dgs_lite_config
+
+    c = rh3dgs_lite_config()
+    c.pipeline.datamanager.data = tmp_path / "data"
+    c.output_dir = tmp_path / "outputs"
+    c.set_timestamp()
+    text = yaml.dump(c)
+    for tag in ("!!python/object:", "!!python/object/apply:pathlib.", "!!python/name:", "!!python/tuple",
+                "!!python/object/apply:nerfstudio.utils.writer.EventName"):
+        assert tag in text  # every kind of tag the restricted loader knows occurs
+    (tmp_path / "config.yml").write_text(text)
+    ours = load_run_config(tmp_path / "config.yml")
+    assert ours == yaml.load(text, Loader=yaml.Loader) and yaml.dump(ours) == text
+    assert type(ours) is type(c) and ours.pipeline.datamanager.data == tmp_path / "data"
