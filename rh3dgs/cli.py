@@ -24,9 +24,15 @@ from pathlib import Path
 from typing import List, Optional
 
 from .errors import ConfigError, Rh3dgsError
-from .io.outputs import check_output_file, prepare_output_dir
+from .io.outputs import check_not_input, check_output_dir, check_output_file, prepare_output_dir, scene_inputs
 
 __all__ = ["main"]
+
+
+def _transforms_file(path) -> Path:
+    """The transforms.json that ``--transforms`` / ``--data`` names (the file, or the one in the folder)."""
+    p = Path(path)
+    return p / "transforms.json" if p.is_dir() else p
 
 
 def _save_render_pngs(result, names: List[str], out_dir: Path, start: int = 0) -> List[Path]:
@@ -68,6 +74,7 @@ def cmd_render(args) -> int:
 
     from .memory import check_memory, render_memory_estimate
 
+    out = check_output_dir(args.output, args.overwrite, [args.scene, _transforms_file(args.transforms)])
     gaussians = load_ply(args.scene, latents=False)  # RGB only: sem_* columns are not read
 
     def preflight(views: int, w: int, h: int) -> None:  # one view at a time
@@ -77,7 +84,6 @@ def cmd_render(args) -> int:
     cams, images = _load_cameras(args, args.transforms, check_images=False, require_images=False,
                                  preflight=preflight)
     names = [p.stem for p in images]
-    out = prepare_output_dir(args.output, args.overwrite)
     for i in range(len(cams)):
         with torch.no_grad():
             r = render(gaussians, cams[i])
@@ -132,13 +138,20 @@ def _teacher_spec(args, data: Path) -> dict:
     return spec
 
 
+def _cache_dir(args, data: Path, image_paths) -> Path:
+    """The feature cache folder (written by extract and lift): never the dataset's transforms.json or images."""
+    cache = Path(args.cache or data / ".rh3dgs_cache")
+    check_not_input(cache, [_transforms_file(data), *image_paths], what="feature cache")
+    return cache
+
+
 def _teacher_maps(args, teacher, data: Path, image_paths):
     """provider i -> [h, w, D] of the dataset's images (features extracted into the cache first)."""
     from .teachers import extract_features, load_cached
 
     if args.teacher == "precomputed":
         return lambda i: teacher.load_feature_map(Path(image_paths[i]).stem)
-    cached = extract_features(teacher, image_paths, args.cache or data / ".rh3dgs_cache")
+    cached = extract_features(teacher, image_paths, _cache_dir(args, data, image_paths))
     return lambda i: load_cached(cached[i])
 
 
@@ -187,14 +200,14 @@ def cmd_extract(args) -> int:
         return 0
     from .teachers import extract_features, teacher_from_spec
 
+    cache = _cache_dir(args, data, images)
     with process_group_from_env() as dist:
         spec = _teacher_spec(args, data)
         if dist is not None and dist.device.type == "cuda" and args.teacher == "clip":
             spec["device"] = str(dist.device)  # each rank on its LOCAL_RANK GPU
         teacher = teacher_from_spec(spec)
         stats: dict = {}
-        paths = extract_features(teacher, images, args.cache or data / ".rh3dgs_cache", stats=stats,
-                                 distributed=dist is not None)
+        paths = extract_features(teacher, images, cache, stats=stats, distributed=dist is not None)
         if dist is None or dist.is_main:
             where = Path(paths[0]).parent if paths else args.cache
             by_rank = stats.get("computed_by_rank")
@@ -214,6 +227,10 @@ def cmd_lift(args) -> int:
     from .teachers import teacher_from_spec
 
     data = Path(args.data)
+    precomputed = args.teacher == "precomputed"
+    features = (args.features_dir or data / "features") if precomputed else (args.cache or data / ".rh3dgs_cache")
+    inputs = [args.scene, _transforms_file(data), features, args.config, args.checkpoint]
+    out = check_output_dir(args.output, args.overwrite, inputs)
     gaussians = load_ply(args.scene, latents=False)  # the lift computes the latents
     spec = _teacher_spec(args, data)
     teacher = teacher_from_spec(spec)
@@ -240,7 +257,7 @@ def cmd_lift(args) -> int:
     if hasattr(teacher, "text_queries"):
         names = teacher.text_queries()
         table = dict(zip(names, teacher.encode_text(names)))
-    out = save_scene(prepare_output_dir(args.output, args.overwrite), gaussians, SemanticField(res.latents, res.decoder, res.valid), cams, images,
+    out = save_scene(prepare_output_dir(out, args.overwrite, inputs), gaussians, SemanticField(res.latents, res.decoder, res.valid), cams, images,
                      teacher=spec, text_embeddings=table, info=res.info)
     print(f"lifted {len(gaussians)} Gaussians ({res.info['valid']} observed) over {len(cams)} views in "
           f"{res.info['seconds']:.1f} s -> {out}")
@@ -252,6 +269,7 @@ def cmd_query(args) -> int:
     from .io.atomic import atomic_save_png
     from .viz import colorize, overlay_heatmap
 
+    out = check_output_dir(args.output, args.overwrite, scene_inputs(args.scene))
     scene = load(args.scene)
     queries = [q.strip() for q in args.queries.split(";") if q.strip()]
     if not queries:
@@ -260,7 +278,6 @@ def cmd_query(args) -> int:
     if scene.cameras is None:
         raise ConfigError(f"{args.scene}: the scene has no cameras (transforms.json) to render queries from")
     views = range(len(scene.cameras)) if args.views is None else [int(v) for v in args.views.split(",")]
-    out = prepare_output_dir(args.output, args.overwrite)
     names = scene.cameras.names or [f"view_{i:05d}" for i in range(len(scene.cameras))]
     for i in views:
         if not 0 <= i < len(scene.cameras):
@@ -283,11 +300,11 @@ def cmd_query(args) -> int:
 def cmd_select(args) -> int:
     from .api import load
 
+    out = check_output_file(args.output, args.overwrite, scene_inputs(args.scene))
     scene = load(args.scene)
     negatives = None if args.negatives is None else [q.strip() for q in args.negatives.split(";") if q.strip()]
     sel = scene.select(args.query, threshold=args.threshold, negatives=negatives)
-    out = scene.export_ply(check_output_file(args.output, args.overwrite), mask=sel, latents=args.latents,
-                           latent_dtype=args.latent_dtype)
+    out = scene.export_ply(out, mask=sel, latents=args.latents, latent_dtype=args.latent_dtype)
     print(f"'{args.query}': {int(sel.sum())} of {len(scene)} Gaussians above {args.threshold} -> {out}")
     return 0
 
@@ -295,9 +312,9 @@ def cmd_select(args) -> int:
 def cmd_export(args) -> int:
     from .api import load
 
+    out = check_output_file(args.output, args.overwrite, scene_inputs(args.scene))
     scene = load(args.scene)
-    out = scene.export_ply(check_output_file(args.output, args.overwrite), latents=args.latents,
-                           latent_dtype=args.latent_dtype)
+    out = scene.export_ply(out, latents=args.latents, latent_dtype=args.latent_dtype)
     with_latents = args.latents and scene.field is not None
     print(f"{len(scene)} Gaussians{' with sem_* latents' if with_latents else ' (plain 3DGS PLY)'} -> {out}")
     return 0

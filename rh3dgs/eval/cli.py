@@ -11,7 +11,7 @@ import argparse
 import math
 
 from ..errors import ConfigError
-from ..io.outputs import check_output_file, prepare_output_dir
+from ..io.outputs import check_output_dir, check_output_file, prepare_output_dir, scene_inputs
 
 __all__ = ["add_eval_parser", "cmd_eval"]
 
@@ -74,13 +74,16 @@ def cmd_eval(args) -> int:
         return 0
     if not args.scene or not args.data:
         raise ConfigError("rh3dgs eval: give a semantic scene folder and --data DATASET, or --suite synthetic")
+    inputs = [*scene_inputs(args.scene), args.data]
+    if args.output:
+        check_output_dir(args.output, args.overwrite, inputs)
     res = evaluate_scene(args.scene, args.data)
     md = scene_report_markdown(res, title=f"Evaluation of {args.scene} against {args.data}")
     print(md)
     if args.output:
         from ..io.atomic import atomic_save_bytes, atomic_save_json
 
-        out = prepare_output_dir(args.output, args.overwrite)
+        out = prepare_output_dir(args.output, args.overwrite, inputs)
         clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in res.items()}
         atomic_save_json(out / "eval.json", {"scene": str(args.scene), "data": str(args.data), **clean})
         atomic_save_bytes(out / "eval.md", md.encode())

@@ -13,7 +13,13 @@ Notes:
     * Missing parent folders are created.
     * The new file gets the usual permissions (``0o666`` minus the umask), not the
       ``0o600`` of :mod:`tempfile`.
-    * If ``path`` is a symbolic link, the link itself is replaced by a regular file.
+    * If ``path`` is a symbolic link to a regular file, the link itself is replaced by a
+      regular file (the file it pointed to is left alone).
+    * Only regular files are ever replaced: a ``path`` that is a character or block device,
+      a FIFO, a socket, or a symbolic link to one of those is refused with a
+      :class:`~rh3dgs.errors.ConfigError` (:func:`check_replaceable`), before the temp file
+      is made and again just before the rename. Without this, ``--output /dev/null
+      --overwrite`` run as root replaced the device node with a regular file.
 """
 from __future__ import annotations
 
@@ -22,15 +28,17 @@ import io
 import json
 import os
 import secrets
+import stat
 from pathlib import Path
 from typing import IO, Any, Iterator, Mapping, Optional, Union
 
 import numpy as np
 
-from ..errors import NonFiniteError, ShapeError
+from ..errors import ConfigError, NonFiniteError, ShapeError
 
 __all__ = [
     "atomic_write",
+    "check_replaceable",
     "stale_temp_files",
     "atomic_save_bytes",
     "atomic_save_text",
@@ -53,6 +61,38 @@ def stale_temp_files(folder: PathLike, name_glob: str = "*") -> Iterator[Path]:
     """Temp files that :func:`atomic_write` left in ``folder`` for names matching ``name_glob`` (a
     process killed between creating and renaming one). Only safe to delete when no write runs."""
     return Path(folder).glob(f".{name_glob}.*.tmp")
+
+
+_SPECIAL_KINDS = (
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def check_replaceable(path: PathLike) -> None:
+    """Raise :class:`ConfigError` (one line naming ``path`` and what it is) if ``path`` exists and is not
+    something rh3dgs may replace: anything but a regular file, a folder, or a symbolic link to either
+    (a dangling link is fine: the link is what gets replaced). ``--overwrite`` does not change this.
+
+    Example::
+
+        check_replaceable("/dev/null")   # ConfigError: /dev/null is a character device, ...
+    """
+    try:
+        st = os.stat(path)  # follows symbolic links: a link to /dev/null is refused like /dev/null
+    except (FileNotFoundError, NotADirectoryError):
+        return  # nothing there (or a dangling link): nothing special gets replaced
+    except (OSError, ValueError):
+        return  # unreadable / too long / a loop: the writer reports it with its own error
+    mode = st.st_mode
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return
+    kind = next((name for test, name in _SPECIAL_KINDS if test(mode)), f"not a regular file (mode {oct(mode)})")
+    via = f" (a symbolic link to {os.path.realpath(path)})" if os.path.islink(path) else ""
+    raise ConfigError(f"{path}{via} is {kind}, not a regular file: rh3dgs only ever replaces regular files "
+                      "(never devices, FIFOs or sockets, even with --overwrite); choose another output path")
 
 
 def _open_exclusive(path: Path) -> "tuple[Path, int]":
@@ -105,6 +145,7 @@ def atomic_write(path: PathLike, mode: str = "wb", encoding: str = "utf-8") -> I
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"{path}: is a directory, cannot write a file there")
+    check_replaceable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
 
     tmp, fd = _open_exclusive(path)
@@ -131,6 +172,7 @@ def atomic_write(path: PathLike, mode: str = "wb", encoding: str = "utf-8") -> I
                 os.fsync(fd2)
             finally:
                 os.close(fd2)
+        check_replaceable(path)  # again: something special may have appeared there while we wrote
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(Exception):

@@ -33,9 +33,17 @@ runs its text tower), built lazily on the first query. The panel learns the teac
 :class:`~nerfstudio.viewer.viewer_elements.ViewerControl` (``_setup(viewer)`` is called by nerfstudio's viewer
 with the pipeline) reads ``viewer.pipeline.datamanager.teacher_spec()``. Without a viewer, call
 :meth:`TextQueryPanel.set_teacher_spec` or :meth:`TextQueryPanel.set_text_encoder`.
+
+Security: building the panel (that is, any rh3dgs model: ``ns-train rh3dgs``, ``ns-viewer --load-config`` on
+an rh3dgs run) installs :mod:`rh3dgs.viewer.guard` before nerfstudio starts its viser server
+(:func:`install_viewer_guard`): only viser's asset files are served, WebSocket connections from a foreign
+``Origin`` are refused, and the server binds 127.0.0.1 unless the command line names
+``--viewer.websocket-host`` (``ns-viewer`` replaces the run's viewer config with its own defaults, whose
+host is 0.0.0.0, so the run's ``websocket_host="127.0.0.1"`` alone does not reach it).
 """
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from typing import Callable, Dict, Optional, Sequence, Tuple
@@ -66,7 +74,8 @@ from ..viewer.controls import (
     relevancy_maps,
 )
 
-__all__ = ["ViewerMarkdown", "TextQueryPanel", "tint", "SELECTION_TINT", "SELECTION_TINT_STRENGTH", "COMPOSITED"]
+__all__ = ["ViewerMarkdown", "TextQueryPanel", "tint", "SELECTION_TINT", "SELECTION_TINT_STRENGTH", "COMPOSITED",
+           "install_viewer_guard", "requested_viewer_host"]
 
 COMPOSITED = "composited"
 SELECTION_TINT = (1.0, 0.0, 1.0)
@@ -101,15 +110,52 @@ class ViewerMarkdown(ViewerElement[str]):
             self.gui_handle.content = text  # type: ignore[union-attr]
 
 
+HOST_FLAGS = ("--viewer.websocket-host", "--viewer.websocket_host")
+
+
+def requested_viewer_host(argv: Sequence[str]) -> Optional[str]:
+    """The address given with ``--viewer.websocket-host`` (tyro also takes ``_``) on an ``ns-train`` /
+    ``ns-viewer`` command line, else None."""
+    for i, a in enumerate(argv):
+        if a in HOST_FLAGS and i + 1 < len(argv):
+            return argv[i + 1]
+        for f in HOST_FLAGS:
+            if a.startswith(f + "="):
+                return a[len(f) + 1:]
+    return None
+
+
+def install_viewer_guard(argv: Optional[Sequence[str]] = None) -> None:
+    """Install :mod:`rh3dgs.viewer.guard` for nerfstudio's viewer of this process; an address beyond
+    127.0.0.1 is bound only when ``argv`` (default ``sys.argv``) names it with ``--viewer.websocket-host``."""
+    from ..viewer import guard
+
+    guard.install(explicit_host=requested_viewer_host(sys.argv if argv is None else argv))
+
+
+def _say_where_it_listens(viewer) -> None:
+    """nerfstudio's banner is made from its config ("listening on 0.0.0.0"); the guard may have bound
+    127.0.0.1 instead: make the banner say where the server really listens."""
+    server = getattr(viewer, "viser_server", None)
+    if server is None or not isinstance(getattr(viewer, "viewer_info", None), list):
+        return
+    host, port = server.get_host(), server.get_port()
+    if host != getattr(getattr(viewer, "config", None), "websocket_host", host):
+        shown = f"[{host}]" if ":" in host else host
+        viewer.viewer_info = [f"Viewer running locally at: http://{shown}:{port}"]
+
+
 class _TeacherFromViewer(ViewerControl):
     """nerfstudio calls ``_setup(viewer)`` on every ViewerControl it finds in the pipeline: read the
-    datamanager's teacher spec from there (ns-viewer and ns-train build the same datamanager)."""
+    datamanager's teacher spec from there (ns-viewer and ns-train build the same datamanager), and make
+    the viewer's banner name the address its server really listens on."""
 
     def __init__(self, panel: "TextQueryPanel") -> None:
         self._panel = weakref.ref(panel)
 
     def _setup(self, viewer) -> None:
         super()._setup(viewer)
+        _say_where_it_listens(viewer)
         panel = self._panel()
         dm = getattr(getattr(viewer, "pipeline", None), "datamanager", None)
         if panel is None or dm is None or not hasattr(dm, "teacher_spec") or panel.has_text_encoder:
@@ -133,6 +179,7 @@ class TextQueryPanel(torch.nn.Module):
     # Attribute names sort in display order: parse_object lists dir(), which is alphabetical.
     def __init__(self, model, temperature: float = 10.0) -> None:
         super().__init__()
+        install_viewer_guard()  # before nerfstudio builds its viser server (the model comes first)
         object.__setattr__(self, "_model_ref", weakref.ref(model))
         self.temperature = float(temperature)
         self._lock = threading.RLock()

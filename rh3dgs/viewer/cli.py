@@ -27,8 +27,10 @@ def _device(name: str):
 
 def cmd_view(args) -> int:
     from ..api import load
+    from ..io.outputs import check_not_input, scene_inputs
     from .server import Viewer, ViewerConfig
 
+    check_not_input(args.output, scene_inputs(args.path))  # the export button's folder
     scene = load(args.path, device=_device(args.device))
     cfg = ViewerConfig(host=args.host, port=args.port, max_res=args.max_res, moving_res=args.moving_res,
                        output_dir=Path(args.output))
@@ -48,7 +50,8 @@ def add_view_parser(subparsers) -> argparse.ArgumentParser:
                               description="Serve a scene (semantic scene folder, its rh3dgs.json, or a 3DGS .ply) "
                                           "in the browser: RGB, text-query heat maps, 3D selection and export.")
     v.add_argument("path", help="semantic scene folder / rh3dgs.json / 3DGS .ply")
-    v.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    v.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only; "
+                                                       "e.g. 0.0.0.0 exposes the viewer to the network, with a warning)")
     v.add_argument("--port", type=int, default=8080, help="TCP port (0: any free port)")
     v.add_argument("--output", default="outputs/view", help="folder the export button writes selections to")
     v.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")

@@ -1,5 +1,9 @@
 """The ``rh3dgs view`` server: a viser page that renders any :class:`~rh3dgs.api.Scene` with text queries.
 
+The page is served through :mod:`rh3dgs.viewer.guard` (installed by :meth:`Viewer.start`): only viser's own
+asset files, requests addressed to this machine, WebSocket connections from the page's own origin; binding
+beyond 127.0.0.1 (``--host``) prints a warning.
+
 One render thread per connected browser: while the camera moves it renders at
 ``moving_res`` pixels on the long side, once the camera has been still for ``still_delay``
 seconds (or a control changed) it renders at ``max_res``. Frames go to the browser with
@@ -37,7 +41,7 @@ __all__ = ["ViewerConfig", "Viewer", "RenderCache", "check_port", "initial_pose"
 @dataclass
 class ViewerConfig:
     host: str = "127.0.0.1"
-    """Address to bind (127.0.0.1: this machine only)."""
+    """Address to bind (127.0.0.1: this machine only; anything else prints a warning)."""
     port: int = 8080
     """TCP port; 0 picks a free one."""
     max_res: Optional[int] = None
@@ -248,7 +252,10 @@ class Viewer:
     def start(self) -> str:
         import viser
 
+        from . import guard
+
         cfg = self.config
+        guard.install(explicit_host=cfg.host)  # static files, Host, WebSocket Origin; cfg.host is the user's choice
         port = check_port(cfg.host, cfg.port)
         with contextlib.redirect_stdout(io.StringIO()):  # viser prints its own banner
             server = viser.ViserServer(host=cfg.host, port=port, label="rh3dgs view", verbose=False)
