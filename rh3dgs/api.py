@@ -227,5 +227,5 @@ def load(path, device: Union[str, torch.device] = "cpu") -> Scene:
     (:func:`rh3dgs.io.scene.read_scene`). The teacher is not built here (module docstring).
     """
     data = read_scene(path, device)
-    fld = None if data.decoder is None else SemanticField(data.gaussians.latents, data.decoder, data.valid)
+    fld = None if data.decoder is None else SemanticField(data.gaussians.latents, data.decoder, data.valid, data.filled)
     return Scene(data.gaussians, fld, data.cameras, text_encoder=_text_encoder(data), path=data.path)

@@ -20,11 +20,13 @@ __all__ = ["SemanticField"]
 
 @dataclass
 class SemanticField:
-    """latents [N, d], decoder [D, d] (teacher dim D), optional per-Gaussian ``valid`` [N] bool."""
+    """latents [N, d], decoder [D, d] (teacher dim D), optional per-Gaussian ``valid`` [N] bool (has a
+    feature) and ``filled`` [N] bool (the feature was filled from 3D neighbours, not observed)."""
 
     latents: Tensor
     decoder: Tensor
     valid: Optional[Tensor] = None
+    filled: Optional[Tensor] = None
 
     def __post_init__(self) -> None:
         if self.latents.dim() != 2 or self.decoder.dim() != 2 or self.decoder.shape[1] != self.latents.shape[1]:
@@ -93,4 +95,5 @@ class SemanticField:
 
     def to(self, device) -> "SemanticField":
         return SemanticField(self.latents.to(device), self.decoder.to(device),
-                             None if self.valid is None else self.valid.to(device))
+                             None if self.valid is None else self.valid.to(device),
+                             None if self.filled is None else self.filled.to(device))

@@ -41,21 +41,21 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from .cameras import Cameras
-from .errors import ConfigError, NonFiniteError, ShapeError
+from .errors import ConfigError
 from .gaussians import Gaussians
 from .ops import Contributions, aggregate_sphere, aggregate_sphere_replay
 from .progress import track
 from .rendering import Projection, render
 from .teachers.maps import TeacherMaps, get_map, map_dim, prepare_map
-from .vcd import VCDConfig, reliability_weights
+from .vcd import VCDConfig, pixel_weights
 
-__all__ = ["LiftConfig", "LiftResult", "lift", "pca_decoder"]
+__all__ = ["LiftConfig", "LiftResult", "lift", "pca_decoder", "fill_from_neighbours"]
 
 @dataclass
 class LiftConfig:
@@ -89,6 +89,16 @@ class LiftConfig:
     only through the surfaces in front (the floor under an object, the far side of a closed surface),
     so every sample they get is the occluder's feature and their lifted feature would be the
     occluder's. 0 keeps every Gaussian with weight >= min_weight."""
+    fill: bool = True
+    """Give the Gaussians the views do not see (invalid ones) the feature of their observed 3D neighbours
+    (:func:`fill_from_neighbours`), marked in ``LiftResult.filled``: the inside and underside of an object
+    then answer its query like the rest of it."""
+    fill_neighbors: int = 16
+    """Observed neighbours a filled Gaussian's feature is taken from."""
+    fill_color_sigma: float = 0.1
+    """Colour similarity scale of the fill weights (RGB in [0, 1])."""
+    fill_radius: Optional[float] = None
+    """Neighbours farther than this are not used (None: 10 % of the scene's extent, the 2-98 % box diagonal)."""
     views_per_batch: int = 8
     """Views rendered and aggregated together (memory: views_per_batch * H * W * D floats)."""
     latent_dim: int = 16
@@ -105,6 +115,10 @@ class LiftConfig:
     """With the full cache on CPU: record the initial pass's (pixel, Gaussian) contributions (~13 bytes
     each, up to ~1 GB) and replay them in the IRLS passes instead of compositing again (the same sums,
     bit for bit). None: whenever possible; False: composite in every pass."""
+    teacher_footprint: Optional[float] = None
+    """Pixels of the render each teacher-map cell describes, for VCD's footprint-purity term: None reads
+    it off the maps (render size / map size, when the maps are coarser than the render: a patch-token
+    teacher), 0 switches the term off."""
     max_batch_gaussians: int = 4_000_000
     """Upper bound on views x Gaussians projected together: views_per_batch is lowered for scenes
     of more than max_batch_gaussians / views_per_batch Gaussians (the CPU projection holds
@@ -128,7 +142,9 @@ class LiftResult:
     features: [N, D] unit lifted features (zero rows where ``valid`` is False).
     weight:   [N] total compositing weight sum_{v,u} alpha T w_bar received.
     visibility: [N] mean transmittance where the Gaussian composites, weight / sum_{v,u} alpha w_bar.
-    valid:    [N] bool, weight >= min_weight and visibility >= min_visibility.
+    valid:    [N] bool, the Gaussian has a feature: observed (weight >= min_weight and visibility >=
+              min_visibility) or filled from its neighbours.
+    filled:   [N] bool, the feature was filled from observed 3D neighbours (a subset of ``valid``).
     latents:  [N, d] PCA coordinates (None if latent_dim = 0).
     decoder:  [D, d] linear decoder (orthonormal columns): z_hat = normalize(decoder @ f).
     info:     passes, per-pass step-angle quantile, timings.
@@ -141,6 +157,64 @@ class LiftResult:
     latents: Optional[Tensor]
     decoder: Optional[Tensor]
     info: Dict[str, object]
+    filled: Optional[Tensor] = None
+
+    def field(self):
+        """The lifted :class:`rh3dgs.field.SemanticField` (latents, decoder, valid, filled)."""
+        from .field import SemanticField
+
+        return SemanticField(self.latents, self.decoder, self.valid, self.filled)
+
+
+def fill_from_neighbours(means: Tensor, colors: Tensor, features: Tensor, observed: Tensor, k: int = 16,
+                         color_sigma: float = 0.1, radius: Optional[float] = None) -> Tuple[Tensor, Tensor]:
+    """Features for the Gaussians without one, from their observed 3D neighbours.
+
+    For every Gaussian i with ``observed[i] = False``, its ``k`` nearest observed Gaussians j within
+    ``radius`` (scipy ``cKDTree``) vote with weight ``exp(-|c_i - c_j|^2 / (2 sigma_c^2)) / (d_ij + eps)``
+    (colour similarity over distance, so that the floor under a box takes the floor's feature and the
+    box's underside the box's): ``f_i = normalize(sum_j w_j f_j)``. Gaussians with no observed neighbour in
+    ``radius`` stay without a feature.
+
+    Args:
+        means [N, 3], colors [N, 3] in [0, 1], features [N, D] unit rows, observed [N] bool.
+    Returns:
+        ``(features [N, D], filled [N] bool)``: observed rows unchanged, filled rows set.
+
+    >>> import torch
+    >>> m = torch.tensor([[0., 0, 0], [1., 0, 0], [0.1, 0, 0]]); c = torch.zeros(3, 3)
+    >>> f = torch.tensor([[1., 0], [0., 1], [0., 0]]); obs = torch.tensor([True, True, False])
+    >>> fill_from_neighbours(m, c, f, obs, k=2, radius=2.0)[0][2]   # nearer to Gaussian 0
+    tensor([0.9939, 0.1104])
+    """
+    from scipy.spatial import cKDTree
+
+    N = features.shape[0]
+    filled = torch.zeros(N, dtype=torch.bool, device=features.device)
+    todo = torch.nonzero(~observed).flatten()
+    src = torch.nonzero(observed).flatten()
+    if len(todo) == 0 or len(src) == 0:
+        return features, filled
+    pts = means.detach().double().cpu().numpy()
+    if radius is None:
+        lo, hi = torch.quantile(means.detach().double().cpu(), torch.tensor([0.02, 0.98], dtype=torch.float64), dim=0)
+        radius = 0.1 * float(torch.linalg.vector_norm(hi - lo))
+    kk = min(int(k), len(src))
+    dist, j = cKDTree(pts[src.cpu().numpy()]).query(pts[todo.cpu().numpy()], k=kk, distance_upper_bound=radius)
+    dist, j = torch.from_numpy(dist.reshape(len(todo), kk)), torch.from_numpy(j.reshape(len(todo), kk))
+    ok = torch.isfinite(dist)  # missing neighbours: inf distance, index len(src)
+    jj = src.cpu()[j.clamp_max(len(src) - 1)]
+    col = colors.detach().double().cpu()
+    dc2 = ((col[jj] - col[todo.cpu()][:, None]) ** 2).sum(-1)
+    w = torch.exp(-dc2 / (2.0 * color_sigma ** 2)) / (dist.clamp_max(1e30) + 1e-6 * max(radius, 1e-12))
+    w = torch.where(ok, w, torch.zeros_like(w)).to(features.dtype).to(features.device)
+    acc = (w[..., None] * features[jj.to(features.device)]).sum(1)
+    n = torch.linalg.vector_norm(acc, dim=-1)
+    got = n > 0
+    out = features.clone()
+    out[todo[got]] = acc[got] / n[got, None]
+    filled[todo[got]] = True
+    return out, filled
 
 
 _CACHE_BYTES = 2e9  # budget of the caches across passes
@@ -263,6 +337,10 @@ def lift(
     else:
         cache = cfg.cache_projections
     irls = cfg.method != "euclidean" and cfg.iters > 0
+    footprint = cfg.teacher_footprint
+    if footprint is None and B > 0:
+        h, w = get_map(teacher_maps, 0).shape[:2]
+        footprint = max(H / h, W / w) if (h < H or w < W) else 0.0
     compact = (not cache) and (irls if cfg.compact_cache is None else cfg.compact_cache)
     cached: Dict[int, tuple] = {}
     # full cache on CPU: the contributions the initial pass visits, per chunk, replayed by the IRLS
@@ -298,11 +376,8 @@ def lift(
         maps = get_maps(idx, raws if compact else None)
         with torch.no_grad():
             r = render(gaussians, cameras[idx], ones, rgb=False, tile_size=cfg.tile_size)
-        valid = (r.alpha >= cfg.min_coverage) & (maps.norm(dim=-1) > 0.5)
-        if cfg.use_vcd:
-            w = reliability_weights(r.alpha, r.d1, r.d2, features=maps, cfg=cfg.vcd, valid_mask=valid)
-        else:
-            w = valid.float()
+        w = pixel_weights(r.alpha, r.d1, r.d2, maps, use_vcd=cfg.use_vcd, vcd=cfg.vcd, min_coverage=cfg.min_coverage,
+                          footprint=footprint)
         if cache:
             cached[ci] = (r.projection, w, maps)
         return r.projection, w, maps
@@ -404,12 +479,21 @@ def lift(
     with_maps = sum(v.maps is not None for views in compacts.values() for v in views)
     n_recorded = len(recorded)
     cached.clear(), compacts.clear(), raws.clear(), recorded.clear()  # before the PCA's N x D temporaries
+    observed = valid
+    filled = torch.zeros_like(valid)
+    if cfg.fill and N > 0:
+        colors = (0.28209479177387814 * gaussians.sh0[:, 0].detach() + 0.5).clamp(0.0, 1.0)
+        mu, filled = fill_from_neighbours(gaussians.means, colors, mu, observed, cfg.fill_neighbors,
+                                          cfg.fill_color_sigma, cfg.fill_radius)
+        valid = observed | filled
     latents = decoder = None
     if cfg.latent_dim > 0 and N > 0:
-        decoder, latents = pca_decoder(mu, weight * valid, cfg.latent_dim)
+        decoder, latents = pca_decoder(mu, weight * observed, cfg.latent_dim)
+        latents = latents * valid[:, None]
     info = {"method": cfg.method, "use_vcd": cfg.use_vcd, "passes": 1 + len(steps), "step_quantile_per_pass": steps,
             "seconds": time.perf_counter() - t0, "views": B, "gaussians": N, "valid": int(valid.sum()),
-            "hidden": int(((weight >= cfg.min_weight) & ~valid).sum()),
+            "observed": int(observed.sum()), "filled": int(filled.sum()),
+            "hidden": int(((weight >= cfg.min_weight) & ~observed).sum()),
             "views_per_batch": per_batch, "cache": "full" if cache else ("compact" if compact else "none"),
             "recorded_chunks": n_recorded, "recorded_bytes": int(recorded_bytes)}
     if compact:
@@ -417,4 +501,4 @@ def lift(
         info["compact_views_with_maps"] = with_maps
         info["compact_gaussians_per_view"] = float(sum(kept) / max(1, len(kept)))
         info["cache_bytes"] = int(cached_bytes)
-    return LiftResult(mu, weight, visibility, valid, latents, decoder, info)
+    return LiftResult(mu, weight, visibility, valid, latents, decoder, info, filled)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import List, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -19,7 +19,7 @@ from .errors import ShapeError
 from .gaussians import Gaussians
 from .ops import isect_tiles, rasterize_to_pixels
 
-__all__ = ["RenderResult", "render", "project"]
+__all__ = ["RenderResult", "render", "project", "FixedViews", "fixed_views"]
 
 DEPTH_EPS = 1e-10
 
@@ -142,6 +142,7 @@ def render(
     near_plane: float = 0.01,
     far_plane: float = 1e10,
     eps2d: float = 0.3,
+    projection: Optional[Projection] = None,
 ) -> RenderResult:
     """Render colours and/or per-Gaussian features with render statistics.
 
@@ -153,6 +154,9 @@ def render(
         background: RGB background, float or [3] / [B, 3] (default black).
         feature_background: background of the feature channels, float or [C] / [B, C] (default 0).
         tile_size, near_plane, far_plane, eps2d: rasterization settings (gsplat's meaning).
+        projection: a :class:`Projection` of these Gaussians into these cameras from an earlier call
+            (``RenderResult.projection``), re-used instead of projecting again (fixed geometry: the
+            lift, distillation on fixed Gaussians, evaluation); gradients then reach the features only.
 
     Returns:
         :class:`RenderResult`.
@@ -160,7 +164,13 @@ def render(
     if not rgb and features is None:
         raise ShapeError("render() needs rgb=True or per-Gaussian features")
     B, N = len(cameras), len(gaussians)
-    proj = project(gaussians, cameras, tile_size, near_plane, far_plane, eps2d)
+    if projection is None:
+        proj = project(gaussians, cameras, tile_size, near_plane, far_plane, eps2d)
+    else:
+        proj = projection
+        if proj.means2d.shape[:2] != (B, N) or proj.tile_size != tile_size:
+            raise ShapeError(f"render(projection=...): a projection of {list(proj.means2d.shape[:2])} (views, Gaussians)"
+                             f" at tile size {proj.tile_size} does not match {B} cameras x {N} Gaussians, tile {tile_size}")
     channels, bgs = [], []
 
     def _bg(value, c: int) -> Tensor:
@@ -190,3 +200,84 @@ def render(
     depth = out.d1 / (out.alpha + DEPTH_EPS)
     depth_var = (out.d2 / (out.alpha + DEPTH_EPS) - depth ** 2).clamp_min(0.0)
     return RenderResult(rgb_out, feat_out, out.alpha, depth, depth_var, out.d1, out.d2, proj.radii, proj.radii > 0, proj)
+
+
+class _Composite(torch.autograd.Function):
+    """y = W f for a view's sparse compositing matrix W (scipy CSR, CPU); the backward is W^T g."""
+
+    @staticmethod
+    def forward(ctx, features: Tensor, w, w_t) -> Tensor:  # noqa: D401
+        ctx.w_t = w_t
+        return torch.from_numpy(w @ features.detach().float().contiguous().numpy())
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return torch.from_numpy(ctx.w_t @ grad.float().contiguous().numpy()), None, None
+
+
+@dataclass
+class FixedViews:
+    """Fixed Gaussians in fixed cameras, prepared for rendering many feature sets (B views, H x W).
+
+    Rendering features composites them with the weights ``w_i(u) = alpha_i T_i(u)`` of the geometry,
+    which do not change when only the features do. On CPU those weights are recorded once per view
+    (the native aggregation op visits exactly the rasterizer's contributions) as a sparse
+    ``[H*W, N]`` matrix, and a render is a sparse product (its gradient the transposed product);
+    on CUDA the views' projections are kept and the features re-rasterized. Either way
+    :meth:`render` equals ``render(gaussians, cameras[v], features, rgb=False).features`` (up to the
+    order of the float sums).
+
+    alpha, d1, d2: [B, H, W] render statistics of the geometry.
+    """
+
+    gaussians: Gaussians
+    cameras: Cameras
+    alpha: Tensor
+    d1: Tensor
+    d2: Tensor
+    tile_size: int
+    matrices: Optional[List[tuple]] = None  # CPU: per view scipy CSR (W [H*W, N], W^T [N, H*W])
+    projections: Optional[List[Projection]] = None  # CUDA: per view projection
+
+    def __len__(self) -> int:
+        return len(self.cameras)
+
+    def render(self, features: Tensor, views: Sequence[int]) -> Tensor:
+        """[N, C] per-Gaussian features -> [len(views), H, W, C] composited (differentiable in ``features``)."""
+        H, W = int(self.cameras.height), int(self.cameras.width)
+        if self.matrices is None:
+            return torch.cat([render(self.gaussians, self.cameras[v], features, rgb=False, tile_size=self.tile_size,
+                                     projection=self.projections[v]).features for v in views])
+        out = [_Composite.apply(features, *self.matrices[v]) for v in views]
+        return torch.stack(out).reshape(len(views), H, W, -1)
+
+
+def fixed_views(gaussians: Gaussians, cameras: Cameras, tile_size: int = 16) -> FixedViews:
+    """:class:`FixedViews` of ``gaussians`` in ``cameras`` (geometry detached)."""
+    from scipy.sparse import csr_matrix
+
+    from .ops import aggregate_sphere
+
+    H, W = int(cameras.height), int(cameras.width)
+    N = len(gaussians)
+    g = Gaussians(gaussians.means.detach(), gaussians.scales.detach(), gaussians.quats.detach(),
+                  gaussians.opacities.detach(), gaussians.sh0.detach(), gaussians.shN.detach())
+    stats, mats, projs = [], [], []
+    with torch.no_grad():
+        for v in range(len(cameras)):
+            r = render(g, cameras[v], torch.ones(N, 1, device=g.device), rgb=False, tile_size=tile_size)
+            stats.append((r.alpha, r.d1, r.d2))
+            p = r.projection
+            if g.device.type != "cpu":
+                projs.append(p)
+                continue
+            ones = torch.ones(1, H, W, 1)
+            *_, c = aggregate_sphere(p.means2d, p.conics, p.opacities, ones, ones[..., 0], p.isect_offsets,
+                                     p.flatten_ids, tile_size, mode="init", record=True)
+            counts = c.segments[:, 2].long()
+            cols = torch.repeat_interleave(c.segments[:, 0].long(), counts)
+            rows = torch.repeat_interleave(c.segments[:, 1].long(), counts) + c.lanes.long()  # pixel = first + lane
+            w = csr_matrix((c.weights.float().numpy(), (rows.numpy(), cols.numpy())), shape=(H * W, N))
+            mats.append((w, w.T.tocsr()))
+    alpha, d1, d2 = (torch.cat([s[k] for s in stats]) for k in range(3))
+    return FixedViews(gaussians, cameras, alpha, d1, d2, tile_size, mats or None, projs or None)

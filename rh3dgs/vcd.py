@@ -9,7 +9,8 @@ statistics: accumulated opacity ``A = sum_i w_i``, depth moments ``D1 = sum_i w_
     W_op   = clamp(A / a0, 0, 1) ** p
     W_var  = exp(-(Var / (Dbar^2 + eps)) / s_var)
     W_edge = exp(-g_depth / s_depth - g_feat / s_feat)
-    w      = max(W_op * W_var * W_edge, min_weight)      (on valid pixels, 0 elsewhere)
+    W_fp   = purity(u) ** p_fp                   (footprint purity, when ``footprint`` > 1 px)
+    w      = max(W_op * W_var * W_edge * W_fp, min_weight)      (on valid pixels, 0 elsewhere)
     w_bar  = w / mean_valid(w)                            per view
 
 with the edge strengths (both scale-free, computed over the 4-neighbourhood and dilated
@@ -24,7 +25,8 @@ symmetric normaliser marks both sides of an occlusion boundary equally. See
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import Dict, Optional, Tuple, Union
 
 import torch
@@ -32,7 +34,7 @@ import torch.nn.functional as F
 
 from .errors import ConfigError, NonFiniteError, ShapeError
 
-__all__ = ["VCDConfig", "reliability_weights", "render_depth_stats"]
+__all__ = ["VCDConfig", "reliability_weights", "pixel_weights", "footprint_purity", "render_depth_stats"]
 
 Tensor = torch.Tensor
 
@@ -70,6 +72,13 @@ class VCDConfig:
     """Dilate the edge strengths by a (2 r + 1) x (2 r + 1) max filter (0 = off)."""
     min_weight: float = 0.0
     """Floor applied to the product before per-view normalisation (on valid pixels)."""
+    footprint: float = 0.0
+    """Teacher footprint in pixels (a patch-token teacher's patch size at the render's resolution;
+    0 = off): multiply by the footprint purity term W_fp (module docstring)."""
+    footprint_tol: float = 0.05
+    """W_fp: relative depth difference |Dbar(v) - Dbar(u)| / Dbar(u) within which v shows u's surface."""
+    footprint_power: float = 1.0
+    """W_fp = purity ** footprint_power."""
 
     def __post_init__(self) -> None:
         positive = {
@@ -83,6 +92,8 @@ class VCDConfig:
         for name, value in positive.items():
             if not float(value) > 0.0:
                 raise ConfigError(f"VCDConfig.{name} must be > 0, got {value!r}")
+        if not (self.footprint >= 0 and self.footprint_tol > 0 and self.footprint_power > 0):
+            raise ConfigError("VCDConfig: footprint >= 0, footprint_tol > 0 and footprint_power > 0 are required")
         if self.edge_radius < 0:
             raise ConfigError(f"VCDConfig.edge_radius must be >= 0, got {self.edge_radius}")
         if not 0.0 <= self.min_weight <= 1.0:
@@ -129,6 +140,33 @@ def _depth_edges(dbar: Tensor, eps: float) -> Tensor:
     h = rel(dbar[..., :, :-1], dbar[..., :, 1:])
     v = rel(dbar[..., :-1, :], dbar[..., 1:, :])
     return _neighbour_max(h, v).clamp(0.0, 1.0)
+
+
+def footprint_purity(dbar: Tensor, covered: Tensor, footprint: float, tol: float) -> Tensor:
+    """[B, H, W] share of a pixel's teacher footprint that shows its own surface.
+
+    A patch-token teacher describes pixel u by the patches around it (bilinear between patch
+    centres: a tent of radius ``footprint`` pixels). The purity of u is the tent-weighted share of
+    the pixels v in that window that are covered and lie on u's surface,
+    ``|Dbar(v) - Dbar(u)| <= tol Dbar(u)``; pixels near an occluding contour, thin parts and small
+    objects have a low purity in views where they are small, a high one where they fill the footprint.
+    """
+    p = float(footprint)
+    r = int(math.ceil(p)) - 1
+    if r <= 0:
+        return torch.ones_like(dbar)
+    B, H, W = dbar.shape
+    off = torch.arange(-r, r + 1, dtype=dbar.dtype, device=dbar.device)
+    tent = (1.0 - off.abs() / p).clamp_min(0.0)
+    kern = (tent[:, None] * tent[None, :]).reshape(-1)  # [k*k]
+    k = 2 * r + 1
+    out = torch.empty_like(dbar)
+    for b in range(B):  # one view at a time: the unfolded window is [k*k, H*W]
+        d = torch.where(covered[b], dbar[b], torch.full_like(dbar[b], -1.0))
+        win = F.unfold(d[None, None], kernel_size=k, padding=r)[0]  # [k*k, H*W], padding 0 = not covered
+        same = (win > 0) & ((win - d.reshape(1, -1)).abs() <= tol * d.reshape(1, -1).clamp_min(0.0))
+        out[b] = (kern[:, None] * same.to(dbar.dtype)).sum(0).reshape(H, W) / kern.sum()
+    return out
 
 
 def _feature_edges(features: Tensor) -> Tensor:
@@ -221,7 +259,9 @@ def reliability_weights(
         else:
             w_edge = ones
 
-        raw = (w_op * w_var * w_edge).clamp_min(cfg.min_weight)
+        w_fp = (footprint_purity(dbar, valid & (A >= 0.5), cfg.footprint, cfg.footprint_tol) ** cfg.footprint_power
+                if cfg.footprint > 1.0 else ones)
+        raw = (w_op * w_var * w_edge * w_fp).clamp_min(cfg.min_weight)
         raw = torch.where(valid, raw, torch.zeros_like(raw))
         vf = valid.to(dtype)
         count = vf.flatten(1).sum(1)
@@ -237,10 +277,36 @@ def reliability_weights(
         if not return_terms:
             return w_bar
         terms = {
-            "op": w_op, "var": w_var, "edge": w_edge, "raw": raw, "depth": dbar, "variance": var,
+            "op": w_op, "var": w_var, "edge": w_edge, "footprint": w_fp, "raw": raw, "depth": dbar, "variance": var,
             "relvar": relvar, "edge_depth": g_depth, "edge_feat": g_feat,
         }
         if squeeze:
             terms = {k: t[0] for k, t in terms.items()}
         terms["weight"] = w_bar
         return w_bar, terms
+
+
+def pixel_weights(alpha: Tensor, depth_m1: Tensor, depth_m2: Tensor, teacher: Optional[Tensor] = None,
+                  use_vcd: bool = True, vcd: Optional[VCDConfig] = None, min_coverage: float = 0.5,
+                  footprint: Optional[float] = None) -> Tensor:
+    """Per-pixel weights ``[B, H, W]`` (no gradient) of a render against a teacher map.
+
+    A pixel counts when the render covers it (``A >= min_coverage``) and the teacher gives it a
+    feature (``|z| > 0.5``; ``teacher`` [B, H, W, D] at the render's resolution, or None = every pixel).
+    ``use_vcd``: VCD reliability ``w_bar`` on those pixels (:func:`rh3dgs.vcd.reliability_weights`,
+    feature edges from ``teacher`` if ``vcd.edge_features``); else 1 on them. ``footprint``: the
+    teacher's footprint in pixels for the footprint-purity term (overrides ``vcd.footprint``; the lift
+    passes the patch size it reads off the teacher maps' resolution).
+
+    The one definition of the pixel weights of the lift, ``distill()`` and ``ns-train rh3dgs``.
+    """
+    with torch.no_grad():
+        valid = alpha >= min_coverage
+        if teacher is not None:
+            valid = valid & (torch.linalg.vector_norm(teacher, dim=-1) > 0.5)
+        if not use_vcd:
+            return valid.to(alpha.dtype)
+        cfg = vcd or VCDConfig()
+        if footprint is not None and footprint != cfg.footprint:
+            cfg = replace(cfg, footprint=float(footprint))
+        return reliability_weights(alpha, depth_m1, depth_m2, features=teacher, cfg=cfg, valid_mask=valid)

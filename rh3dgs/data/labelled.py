@@ -6,11 +6,13 @@ A nerfstudio dataset (``transforms.json``, ``images/``) with per-view ground tru
     classes.txt          class names, one per line; line k (from 0, blank lines skipped) = class id k
     masks/<stem>.png     class id per pixel, single channel, 255 = background (no surface)
     depth/<stem>.npy     (optional) depth per pixel [H, W], 0 = background
+    instances/<stem>.png (optional) instance id per pixel, single channel, 255 = background
     scene.ply            (optional) the Gaussians with a per-Gaussian ``class_id`` property
 
 ``<stem>`` is the image's file stem (the camera name). Read by the evaluation
-(:mod:`rh3dgs.eval.suite`: masks and ``class_id`` are the ground truth), by the simulated
-teacher (:mod:`rh3dgs.data.teacher_sim`: masks and depth are its input) and by the demo.
+(:mod:`rh3dgs.eval`: masks and ``class_id`` are the ground truth), by the simulated
+teachers (:mod:`rh3dgs.data.teacher_sim`: masks and depth; :mod:`rh3dgs.data.teacher_sim_masks`:
+instances and masks) and by the demo.
 Every problem raises :class:`rh3dgs.errors.InputFileError` naming the file.
 
 >>> ds = LabelledDataset.open("outputs/demo/data")
@@ -74,19 +76,22 @@ class LabelledDataset:
 
     def mask(self, stem: str) -> np.ndarray:
         """int64 [H, W] class ids of view ``stem``, :data:`BACKGROUND` where no surface is seen."""
+        return self._label_png(self.root / "masks" / f"{stem}.png", len(self.classes))
+
+    def _label_png(self, path: Path, num_labels: Optional[int]) -> np.ndarray:
+        """A single-channel label PNG as int64; values must be < num_labels or BACKGROUND (None: any)."""
         from PIL import Image, UnidentifiedImageError
 
-        path = self.root / "masks" / f"{stem}.png"
         try:
             with Image.open(path) as im:
                 m = np.array(im)
         except (OSError, UnidentifiedImageError, ValueError) as exc:
             raise InputFileError(path, f"cannot be read as an image ({exc})") from None
         if m.ndim != 2 or m.dtype.kind not in "iub":
-            raise InputFileError(path, f"class mask must be a single-channel integer image, got {m.dtype} "
+            raise InputFileError(path, f"label mask must be a single-channel integer image, got {m.dtype} "
                                        f"{list(m.shape)}")
         m = m.astype(np.int64)
-        bad = (m != BACKGROUND) & ((m < 0) | (m >= len(self.classes)))
+        bad = (m != BACKGROUND) & ((m < 0) | (m >= (num_labels if num_labels is not None else BACKGROUND)))
         if bad.any():
             raise InputFileError(path, f"value {int(m[bad][0])} is not a class index of classes.txt "
                                        f"({len(self.classes)} classes, {BACKGROUND} = background)")
@@ -118,6 +123,10 @@ class LabelledDataset:
         masks = [self.mask(s) for s in stems]
         depths = [self.depth(s, m.shape) for s, m in zip(stems, masks)]
         return torch.from_numpy(np.stack(masks)), torch.from_numpy(np.stack(depths))
+
+    def instances(self, stems: Sequence[str]) -> torch.Tensor:
+        """int64 [B, H, W] instance ids (``instances/<stem>.png``, :data:`BACKGROUND` = no surface) of ``stems``."""
+        return torch.from_numpy(np.stack([self._label_png(self.root / "instances" / f"{s}.png", None) for s in stems]))
 
     def class_ids(self) -> Optional[np.ndarray]:
         """int64 [N] per-Gaussian class id from scene.ply's ``class_id`` (None without either)."""

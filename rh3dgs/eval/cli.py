@@ -31,13 +31,15 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
     e.add_argument("scene", nargs="?", default=None, help="semantic scene folder (rh3dgs.load) to score")
     e.add_argument("--data", default=None, help="labelled dataset folder (masks/*.png, classes.txt[, scene.ply])")
     e.add_argument("--suite", default=None, choices=["synthetic"], help="run the ablation suite instead")
-    e.add_argument("--quick", action="store_true", help="suite: 1 scene x 1 teacher, small images, 60 steps (< 3 min)")
+    e.add_argument("--quick", action="store_true", help="suite: 1 scene x 2 teachers, small images (a few minutes)")
     e.add_argument("--output", default=None, help="output folder (suite default: outputs/eval_suite)")
     e.add_argument("--markdown", default=None, help="suite: also write the report here (e.g. docs/results.md)")
     e.add_argument("--work", default=None, help="suite: folder for datasets and scene folders (default OUTPUT/work)")
-    e.add_argument("--scene-seeds", type=_ints, default=None, help="suite: comma-separated SceneConfig seeds")
-    e.add_argument("--teacher-seeds", type=_ints, default=None, help="suite: comma-separated teacher seeds")
-    e.add_argument("--steps", type=int, default=None, help="suite: distillation steps")
+    e.add_argument("--layouts", type=_ints, default=None, help="suite: comma-separated scene layouts (0-4)")
+    e.add_argument("--teachers", default=None,
+                   help="suite: comma-separated teacher presets (clip-moderate, clip-strong, sam-moderate, sam-strong)")
+    e.add_argument("--seed", type=int, default=None, help="suite: seed of the scenes and teacher draws (default 0)")
+    e.add_argument("--steps", type=int, default=None, help="suite: training steps of the trained rows")
     e.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
     e.add_argument("--overwrite", action="store_true", help="replace existing outputs")
     e.set_defaults(func=cmd_eval)
@@ -55,20 +57,22 @@ def cmd_eval(args) -> int:
         if args.scene or args.data:
             raise ConfigError("rh3dgs eval: give either SCENE --data DATASET or --suite, not both")
         over = {}
-        if args.scene_seeds is not None:
-            over["scene_seeds"] = args.scene_seeds
-        if args.teacher_seeds is not None:
-            over["teacher_seeds"] = args.teacher_seeds
+        if args.layouts is not None:
+            over["layouts"] = args.layouts
+        if args.teachers is not None:
+            over["teachers"] = tuple(t.strip() for t in args.teachers.split(",") if t.strip())
+        if args.seed is not None:
+            over["seed"] = int(args.seed)
         if args.steps is not None:
             over["distill_steps"] = int(args.steps)
         cfg = SuiteConfig.quick(**over) if args.quick else SuiteConfig(**over)
-        if not cfg.scene_seeds or not cfg.teacher_seeds:
-            raise ConfigError("rh3dgs eval --suite: need at least one scene seed and one teacher seed")
+        if not cfg.layouts or not cfg.teachers:
+            raise ConfigError("rh3dgs eval --suite: need at least one layout and one teacher")
         out = prepare_output_dir(args.output or "outputs/eval_suite", args.overwrite)
         if args.markdown:
             check_output_file(args.markdown, args.overwrite)
         summary = run_suite(out, cfg, work_dir=args.work, quick=args.quick, markdown_path=args.markdown)
-        print((out / "results.md").read_text().split("## Qualitative")[0].rstrip())
+        print((out / "results.md").read_text().split("## All rows")[0].rstrip())
         print(f"\nwrote {out / 'results.json'}, {out / 'results.md'}"
               f"{', ' + str(args.markdown) if args.markdown else ''} ({summary['seconds']:.0f} s)")
         return 0

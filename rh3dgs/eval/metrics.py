@@ -48,7 +48,6 @@ __all__ = [
     "macc",
     "miou_3d",
     "macc_3d",
-    "localization_accuracy",
     "boundary_dilation",
 ]
 

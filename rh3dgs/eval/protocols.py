@@ -38,6 +38,7 @@ from ..errors import ShapeError
 from .metrics import _np, iou
 
 __all__ = [
+    "localization_accuracy",
     "LERF_OVS_THRESHOLD",
     "box_filter",
     "lerf_ovs_smooth",

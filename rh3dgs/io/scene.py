@@ -3,7 +3,8 @@
 A *semantic scene folder* (written by :func:`save_scene`, ``rh3dgs lift`` and the demo)::
 
     semantic.ply      3DGS PLY (INRIA layout) with the latents as sem_0..sem_{d-1} (float32, see rh3dgs.io.ply)
-    field.npz         decoder [D, d]; optional valid [N] (bool) and text embeddings
+    field.npz         decoder [D, d]; optional valid [N] (bool: has a feature), filled [N] (bool: filled from
+                      3D neighbours, not observed) and text embeddings
                       (text_names [T] strings, text_vectors [T, D])
     rh3dgs.json       {"format": "rh3dgs-scene", "version": 1, "ply", "field", "transforms",
                        "teacher": {"name": ..., **kwargs} | null, "info": {...}}: written last
@@ -18,7 +19,7 @@ the teacher spec: :attr:`SceneData.teacher` is the spec as stored, for the calle
 when (and only when) a text query needs it (``rh3dgs.load`` does that lazily).
 
 >>> save_scene("out/scene", gaussians, field, cameras, image_paths, teacher={"name": "precomputed", ...})
->>> data = read_scene("out/scene")      # SceneData(gaussians, decoder, valid, cameras, text_embeddings, teacher, ...)
+>>> data = read_scene("out/scene")      # SceneData(gaussians, decoder, valid, filled, cameras, text_embeddings, teacher, ...)
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ class SceneData:
     """The parts of a stored scene (N Gaussians, teacher dim D, latent dim d).
 
     gaussians: with ``latents`` [N, d] when the scene has a semantic field.
-    decoder: [D, d] (None without a field); valid: bool [N] or None (every Gaussian valid).
+    decoder: [D, d] (None without a field); valid: bool [N] or None (every Gaussian valid); filled: bool [N] or None.
     cameras: or None. text_embeddings: phrase -> [D] stored with the scene.
     teacher: the teacher spec ``{"name": ..., **kwargs}`` as stored (None: none named);
         relative paths in it are relative to ``source.parent``.
@@ -61,6 +62,7 @@ class SceneData:
     gaussians: Gaussians
     decoder: Optional[Tensor] = None
     valid: Optional[Tensor] = None
+    filled: Optional[Tensor] = None
     cameras: Optional[Cameras] = None
     text_embeddings: Dict[str, Tensor] = field(default_factory=dict)
     teacher: Optional[Dict[str, Any]] = None
@@ -94,6 +96,8 @@ def save_scene(folder: PathLike, gaussians: Gaussians, field=None, cameras: Opti
         arrays = {"decoder": field.decoder.detach().cpu().numpy()}
         if field.valid is not None:
             arrays["valid"] = field.valid.cpu().numpy()
+        if field.filled is not None:
+            arrays["filled"] = field.filled.cpu().numpy()
         if text_embeddings:
             names = sorted(text_embeddings)
             arrays["text_names"] = np.array(names)
@@ -130,7 +134,7 @@ def read_scene(path: PathLike, device: Union[str, torch.device] = "cpu") -> Scen
         from .nerfstudio_run import load_nerfstudio_scene
 
         g, decoder, cams, spec = load_nerfstudio_scene(p, device=device)
-        return SceneData(g, decoder.to(g.latents), None, cams, {}, spec or None, source=p, path=p)
+        return SceneData(g, decoder.to(g.latents), None, None, cams, {}, spec or None, source=p, path=p)
     if p.is_file() and p.suffix.lower() == ".ply":
         return _read_plain_ply(p, device)
     return read_scene_folder(p, device)
@@ -236,6 +240,11 @@ def _read_field(fpath: Path, ply_path: Path, data: SceneData, device) -> None:
         if v.shape[0] != len(g):
             raise InputFileError(fpath, f"has {v.shape[0]} entries for {len(g)} Gaussians", field="valid")
         data.valid = torch.from_numpy(v.astype(bool)).to(device)
+    if "filled" in arrays:
+        v = _field_array(fpath, arrays, "filled", 1, kinds="biu")
+        if v.shape[0] != len(g):
+            raise InputFileError(fpath, f"has {v.shape[0]} entries for {len(g)} Gaussians", field="filled")
+        data.filled = torch.from_numpy(v.astype(bool)).to(device)
     if ("text_names" in arrays) != ("text_vectors" in arrays):
         raise InputFileError(fpath, "text_names and text_vectors must be stored together", field="text_names")
     if "text_names" in arrays:

@@ -1,0 +1,381 @@
+"""Reports of the synthetic suite: results.json, results.md (tables, paired comparisons, acceptance
+checks, worst classes), matplotlib plots and qualitative sheets.
+
+Everything here is computed from the run records of :func:`rh3dgs.eval.suite.run_suite`; nothing
+is typed by hand (``docs/results.md`` is this module's output).
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from .stats import PairedDifference, paired_difference
+
+__all__ = ["write_summary", "suite_markdown", "comparisons", "acceptance", "qualitative_sheet", "label_colors"]
+
+PathLike = Union[str, Path]
+METRICS = (("miou", "mIoU"), ("mbiou", "mBIoU"), ("miou_3d", "3D mIoU"))
+
+
+def label_colors(K: int) -> np.ndarray:
+    """[K, 3] uint8 class colours (a fixed palette, repeated)."""
+    base = np.array([[140, 130, 115], [216, 31, 26], [31, 64, 216], [38, 178, 51], [235, 209, 26], [200, 200, 196],
+                     [140, 51, 178], [90, 90, 90], [255, 128, 0], [0, 200, 200]], dtype=np.uint8)
+    reps = int(math.ceil(K / len(base)))
+    return np.concatenate([base] * reps)[:K]
+
+
+def _label_image(lab: np.ndarray, K: int) -> np.ndarray:
+    col = label_colors(K)
+    out = np.full(lab.shape + (3,), 255, np.uint8)
+    ok = (lab >= 0) & (lab < K)
+    out[ok] = col[lab[ok]]
+    return out
+
+
+def _pair_key(r: dict) -> Tuple[int, str]:
+    return (int(r["layout"]), str(r["teacher"]))
+
+
+def _kind(preset: str) -> str:
+    return preset.split("-")[0]
+
+
+def paired(runs: List[dict], method: str, baseline: str, metric: str,
+           where=lambda r: True, metric_base: Optional[str] = None) -> PairedDifference:
+    """Paired difference method - baseline of ``metric`` over the pairs both were run on (``where`` filters)."""
+    a = {_pair_key(r): r.get(metric, math.nan) for r in runs if r["row"] == method and where(r)}
+    b = {_pair_key(r): r.get(metric_base or metric, math.nan) for r in runs if r["row"] == baseline and where(r)}
+    keys = sorted(set(a) & set(b))
+    return paired_difference([a[k] for k in keys], [b[k] for k in keys])
+
+
+def comparisons(runs: List[dict], rows: Sequence[str]) -> List[dict]:
+    """Every comparison of :data:`rh3dgs.eval.suite.COMPARISONS` whose rows ran, plus the 3D filling, as dicts
+    ``{label, method, baseline, overall: {metric: PairedDifference}, by_teacher: {preset: {metric: ...}},
+    by_kind: {kind: {metric: ...}}}``."""
+    from .suite import COMPARISONS, LIFT_OURS
+
+    teachers = sorted({r["teacher"] for r in runs})
+    kinds = sorted({_kind(t) for t in teachers})
+    out = []
+    todo = [(lab, m, b, None) for lab, m, b in COMPARISONS if m in rows and b in rows]
+    if LIFT_OURS in rows:
+        todo.append(("3D filling in the lift (all Gaussians of opacity > 0.1)", LIFT_OURS, LIFT_OURS, "fill"))
+    for label, m, b, special in todo:
+        metrics = ("miou_3d",) if special == "fill" else [k for k, _ in METRICS]
+
+        def diff(key, where=lambda r: True):
+            if special == "fill":
+                return paired(runs, m, b, "miou_3d", where, metric_base="miou_3d_nofill")
+            return paired(runs, m, b, key, where)
+
+        out.append({
+            "label": label, "method": m, "baseline": b if special != "fill" else f"{b}, without filling",
+            "overall": {k: diff(k) for k in metrics},
+            "by_teacher": {t: {k: diff(k, lambda r, t=t: r["teacher"] == t) for k in metrics} for t in teachers},
+            "by_kind": {c: {k: diff(k, lambda r, c=c: _kind(r["teacher"]) == c) for k in metrics} for c in kinds},
+        })
+    return out
+
+
+def _find(comps: List[dict], label: str) -> Optional[dict]:
+    return next((c for c in comps if c["label"] == label), None)
+
+
+def acceptance(comps: List[dict]) -> List[Tuple[str, Optional[bool], str]]:
+    """The targets of the method issue, checked on the paired results: (target, met (None = not run), evidence)."""
+    checks: List[Tuple[str, Optional[bool], str]] = []
+
+    def pt(d: PairedDifference) -> str:
+        return d.fmt()
+
+    c = _find(comps, "trained vs the lift it starts from")
+    if c:
+        o = c["overall"]
+        ok = o["miou"].mean >= 0.02 and o["mbiou"].mean >= 0.03 and o["miou_3d"].mean >= 0.0
+        checks.append(("trained Rh-3DGS >= robust lift + 2 mIoU, + 3 mBIoU, 3D mIoU >= the lift's", ok,
+                       f"mIoU {pt(o['miou'])}, mBIoU {pt(o['mbiou'])}, 3D {pt(o['miou_3d'])}"))
+    c = _find(comps, "robust lift + VCD vs Euclidean lift")
+    if c:
+        kinds = c["by_kind"]
+        ok_k = all(v["miou"].mean >= 0.02 and v["mbiou"].mean >= 0.02 for v in kinds.values())
+        worst = min(min(v["miou"].mean, v["mbiou"].mean) for v in c["by_teacher"].values())
+        ev = "; ".join(f"{k}: mIoU {pt(v['miou'])}, mBIoU {pt(v['mbiou'])}" for k, v in kinds.items())
+        checks.append(("robust lift + VCD >= Euclidean lift + 2 mIoU and + 2 mBIoU on both teacher kinds", ok_k, ev))
+        checks.append(("... and never below it by more than 0.5 on any teacher preset", worst >= -0.005,
+                       f"worst preset mean {100 * worst:+.2f}"))
+    for part in ("VCD", "VFM", "LIC"):
+        c = _find(comps, f"{part} in training")
+        if not c:
+            continue
+        o = c["overall"]
+        gain = o["miou"].mean > 0 or o["mbiou"].mean > 0
+        worst = min(v["miou"].mean for v in c["by_teacher"].values())
+        checks.append((f"{part} (in training): positive mean paired gain in mIoU or mBIoU, never costs > 0.5 mIoU",
+                       gain and worst >= -0.005,
+                       f"mIoU {pt(o['miou'])}, mBIoU {pt(o['mbiou'])}; worst preset mIoU {100 * worst:+.2f}"))
+    c = _find(comps, "3D filling in the lift (all Gaussians of opacity > 0.1)")
+    if c:
+        d = c["overall"]["miou_3d"]
+        checks.append(("3D mIoU over all opacity > 0.1 Gaussians >= the same without filling + 5", d.mean >= 0.05,
+                       f"{pt(d)}"))
+    return checks
+
+
+def _fmt_mean_std(vals: List[float], scale: float = 100.0, digits: int = 2) -> str:
+    v = [x for x in vals if x is not None and not (isinstance(x, float) and math.isnan(x))]
+    if not v:
+        return "-"
+    m = scale * float(np.mean(v))
+    return f"{m:.{digits}f}" if len(v) == 1 else f"{m:.{digits}f} ± {scale * float(np.std(v)):.{digits}f}"
+
+
+def worst_classes(runs: List[dict], rows: Sequence[str], n: int = 10) -> List[dict]:
+    """The (layout, class) pairs with the lowest IoU of the first of ``rows``, with every row's IoU."""
+    table: Dict[Tuple[int, str], Dict[str, List[float]]] = {}
+    for r in runs:
+        if r["row"] not in rows:
+            continue
+        for name, v in zip(r["classes"], r["class_iou"]):
+            if not math.isnan(v):
+                table.setdefault((r["layout"], name), {}).setdefault(r["row"], []).append(v)
+    items = [{"layout": k[0], "class": k[1], **{row: float(np.mean(v[row])) if row in v else math.nan for row in rows}}
+             for k, v in table.items()]
+    items.sort(key=lambda it: it.get(rows[0], math.nan))
+    return items[:n]
+
+
+def suite_markdown(summary: Dict[str, object], image_prefix: str = "") -> str:
+    from .scoring import __doc__ as scoring_doc
+    from .suite import LIFT_OURS, TEACHER_PRESETS, TRAINED_OURS
+
+    cfg = summary["config"]
+    rows, runs = summary["rows"], summary["runs"]
+    comps = summary["comparisons_obj"]
+    n_pairs = len({_pair_key(r) for r in runs})
+    lines = [
+        "# Ground-truth suite on synthetic scenes",
+        "",
+        f"Generated by `rh3dgs eval --suite synthetic{' --quick' if summary.get('quick') else ''}` "
+        f"({summary['seconds']:.0f} s on {summary['device']}, {summary['threads']} torch threads). "
+        f"{len(cfg['layouts'])} scene layouts {list(cfg['layouts'])} x {len(cfg['teachers'])} simulated teachers "
+        f"{list(cfg['teachers'])} = {n_pairs} (scene, teacher draw) pairs, seed {cfg['seed']}; "
+        f"{cfg['image_size']}x{cfg['image_size']} px, {cfg['num_views']} training views, scored on "
+        f"{cfg['heldout_views']} **held-out** views; trained rows: {cfg['distill_steps']} steps on fixed geometry "
+        "from the robust lift. Values in percent.",
+        "",
+        *([] if summary.get("complete", True) else
+          [f"**PARTIAL: {summary['runs_done']} of {summary['runs_total']} runs finished when this was written.**", ""]),
+        "## Paired comparisons (method minus baseline on the same pairs: mean [95 % interval])",
+        "",
+        "| comparison | mIoU | mBIoU | 3D mIoU |",
+        "| --- | --- | --- | --- |",
+    ]
+    for c in comps:
+        o = c["overall"]
+        lines.append(f"| {c['label']} ({c['method']} - {c['baseline']}) | "
+                     + " | ".join(o[k].fmt() if k in o else "-" for k, _ in METRICS) + " |")
+    lines += ["", "Per teacher (mean paired difference in mIoU / mBIoU):", "",
+              "| comparison | " + " | ".join(sorted({r["teacher"] for r in runs})) + " |",
+              "| --- |" + " --- |" * len({r["teacher"] for r in runs})]
+    for c in comps:
+        cells = []
+        for t in sorted(c["by_teacher"]):
+            v = c["by_teacher"][t]
+            cells.append(" / ".join(f"{100 * v[k].mean:+.2f}" for k in ("miou", "mbiou") if k in v) or
+                         f"{100 * v['miou_3d'].mean:+.2f} (3D)")
+        lines.append(f"| {c['label']} | " + " | ".join(cells) + " |")
+    lines += ["", "## Targets of the method issue (checked on the numbers above)", ""]
+    for target, ok, ev in acceptance(comps):
+        lines.append(f"- [{'x' if ok else ' '}] {target}: {ev}")
+    lines += ["", "## All rows (mean ± std over the pairs; the spread is mostly between scenes)", "",
+              "| row | mIoU | mBIoU | 3D mIoU | 3D mIoU without filling | LERF-OVS mIoU | time (s) | peak mem (MB) |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name in rows:
+        rs = [r for r in runs if r["row"] == name]
+        lines.append("| " + " | ".join([
+            name, _fmt_mean_std([r["miou"] for r in rs]), _fmt_mean_std([r["mbiou"] for r in rs]),
+            _fmt_mean_std([r["miou_3d"] for r in rs]), _fmt_mean_std([r["miou_3d_nofill"] for r in rs]),
+            _fmt_mean_std([r["lerf_miou"] for r in rs]), _fmt_mean_std([r["seconds"] for r in rs], 1.0, 1),
+            _fmt_mean_std([r["peak_bytes"] / 2 ** 20 for r in rs], 1.0, 0)]) + " |")
+    show = [r for r in ("Euclidean lift (LUDVIG-style)", LIFT_OURS, TRAINED_OURS) if r in rows]
+    if show:
+        lines += ["", "## Worst classes (held-out IoU per (layout, class), mean over the teachers)", "",
+                  "| layout | class | " + " | ".join(show) + " |", "| --- | --- |" + " --- |" * len(show)]
+        for it in worst_classes(runs, [show[-1], *show[:-1]]):
+            lines.append(f"| {it['layout']} | {it['class']} | " + " | ".join(
+                "-" if math.isnan(it[r]) else f"{100 * it[r]:.1f}" for r in show) + " |")
+    lines += ["", "## Plots and qualitative sheets", ""]
+    for p in summary.get("pngs", []):
+        lines.append(f"![{Path(p).stem}]({image_prefix}{p})")
+    lines += ["", "## Teachers", ""]
+    for t in cfg["teachers"]:
+        kind, over = TEACHER_PRESETS[t]
+        lines.append(f"- `{t}`: {'TeacherSimConfig' if kind == 'clip' else 'MaskTeacherSimConfig'} defaults"
+                     f"{' + ' + str(over) if over else ''}")
+    lines += ["", "## Protocol", "", (scoring_doc or "").split("Protocols", 1)[-1].strip(), ""]
+    return "\n".join(lines)
+
+
+def _plots(out: Path, comps: List[dict], runs: List[dict], rows: Sequence[str]) -> List[str]:
+    """Paired differences with intervals, and per-class IoU of the worst classes (matplotlib PNGs)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..io.atomic import atomic_write
+    from .suite import LIFT_OURS, TRAINED_OURS
+
+    names = []
+    if comps:
+        fig, axes = plt.subplots(1, 3, figsize=(15, 0.5 * len(comps) + 1.8), sharey=True)
+        for ax, (key, label) in zip(axes, METRICS):
+            ys, ms, lo, hi = [], [], [], []
+            for i, c in enumerate(comps):
+                d = c["overall"].get(key)
+                if d is None or d.n == 0:
+                    continue
+                ys.append(i)
+                ms.append(100 * d.mean)
+                lo.append(100 * (d.mean - d.lo) if d.n > 1 else 0.0)
+                hi.append(100 * (d.hi - d.mean) if d.n > 1 else 0.0)
+            ax.barh(ys, ms, xerr=[lo, hi], color=["#2a7" if m >= 0 else "#c44" for m in ms], capsize=3)
+            ax.axvline(0, color="k", lw=0.8)
+            ax.set_title(f"{label}: method - baseline (points, 95 % CI)")
+            ax.set_yticks(range(len(comps)))
+            ax.set_yticklabels([c["label"] for c in comps])
+            ax.grid(axis="x", alpha=0.3)
+        fig.tight_layout()
+        with atomic_write(out / "paired_differences.png", "wb") as f:
+            fig.savefig(f, format="png", dpi=110)
+        plt.close(fig)
+        names.append("paired_differences.png")
+    show = [r for r in ("Euclidean lift (LUDVIG-style)", LIFT_OURS, TRAINED_OURS) if r in rows]
+    worst = worst_classes(runs, [show[-1], *show[:-1]], n=12) if show else []
+    if worst:
+        fig, ax = plt.subplots(figsize=(12, 4.5))
+        x = np.arange(len(worst))
+        wdt = 0.8 / len(show)
+        for j, r in enumerate(show):
+            ax.bar(x + (j - (len(show) - 1) / 2) * wdt, [100 * it[r] for it in worst], wdt, label=r)
+        ax.set_xticks(x)
+        ax.set_xticklabels([f"L{it['layout']} {it['class']}" for it in worst], rotation=35, ha="right")
+        ax.set_ylabel("held-out IoU (%)")
+        ax.set_title("The worst classes of the trained field, per method")
+        ax.legend(fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+        fig.tight_layout()
+        with atomic_write(out / "worst_classes.png", "wb") as f:
+            fig.savefig(f, format="png", dpi=110)
+        plt.close(fig)
+        names.append("worst_classes.png")
+    return names
+
+
+def qualitative_sheet(path: Path, rgb: np.ndarray, gt: np.ndarray, rows: List[Tuple[str, np.ndarray, Optional[np.ndarray]]],
+                      class_names: Sequence[str], title: str) -> str:
+    """A titled sheet: RGB, ground truth (with a legend), then per method its argmax classes with the wrong
+    pixels outlined and its held-out mIoU on this view, and the relevancy of the class it gets most wrong
+    (with a colour bar). Returns the file name."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    from ..io.atomic import atomic_write
+    from .metrics import iou
+
+    K = len(class_names)
+    fg = gt != 255
+    # the class with the lowest mean IoU over the methods on this view: the most telling relevancy map
+    present = [k for k in range(K) if (gt == k).any()]
+    worst_k = min(present, key=lambda k: np.mean([iou(p == k, gt == k) for _, p, _ in rows])) if present else 0
+    n = 2 + len(rows)
+    cols = 4
+    nrows = int(math.ceil(n / cols))
+    fig, axes = plt.subplots(nrows * 2 if any(r[2] is not None for r in rows) else nrows, cols,
+                             figsize=(3.2 * cols, 3.4 * nrows * (2 if any(r[2] is not None for r in rows) else 1)))
+    axes = np.atleast_2d(axes)
+    for ax in axes.ravel():
+        ax.axis("off")
+    flat = list(axes.ravel())
+    flat[0].imshow(rgb)
+    flat[0].set_title("RGB (held-out)")
+    flat[1].imshow(_label_image(np.where(fg, gt, -1), K))
+    flat[1].set_title("ground truth")
+    flat[1].legend(handles=[Patch(color=label_colors(K)[k] / 255, label=class_names[k]) for k in present],
+                   fontsize=6, loc="lower left", framealpha=0.7)
+    for j, (name, pred, _) in enumerate(rows):
+        ax = flat[2 + j]
+        img = _label_image(pred, K)
+        wrong = fg & (pred != gt)
+        img[wrong] = (0.45 * img[wrong] + 0.55 * 255).astype(np.uint8)  # wrong pixels washed out ...
+        ax.imshow(img)
+        ax.contour(wrong.astype(float), levels=[0.5], colors="k", linewidths=0.6)  # ... and outlined
+        m = np.mean([iou(pred == k, gt == k) for k in present]) if present else math.nan
+        ax.set_title(f"{name[:34]}\nmIoU {100 * m:.1f} on this view", fontsize=8)
+    base = 2 + len(rows)
+    base = int(math.ceil(base / cols)) * cols
+    im = None
+    for j, (name, _, rel) in enumerate(rows):
+        if rel is None or base + j >= len(flat):
+            continue
+        ax = flat[base + j]
+        im = ax.imshow(rel[worst_k], vmin=0, vmax=1, cmap="viridis")
+        ax.contour((gt == worst_k).astype(float), levels=[0.5], colors="w", linewidths=0.8)
+        ax.set_title(f"relevancy '{class_names[worst_k]}'\n{name[:34]}", fontsize=8)
+    if im is not None:
+        fig.colorbar(im, ax=[a for a in flat[base:] if a.images], fraction=0.02, pad=0.01, label="LERF relevancy")
+    fig.suptitle(title + f"  (white outline: ground truth of '{class_names[worst_k]}')", fontsize=10)
+    with atomic_write(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=100)
+    plt.close(fig)
+    return path.name
+
+
+def _jsonable(obj):
+    if isinstance(obj, PairedDifference):
+        return obj.as_dict()
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, float) and math.isnan(obj):
+        return None
+    return obj
+
+
+def write_summary(out: Path, cfg, rows: Sequence[str], runs: List[dict], sheets: List[str], quick: bool,
+                  seconds: float, markdown_path: Optional[PathLike]) -> Dict[str, object]:
+    import torch
+
+    from ..io.atomic import atomic_save_bytes, atomic_save_json
+
+    n_total = len(cfg.layouts) * len(cfg.teachers) * len(rows)
+    comps = comparisons(runs, rows)
+    pngs = _plots(out, comps, runs, rows) + list(sheets)
+    summary = {
+        "config": asdict(cfg), "quick": quick, "rows": list(rows), "runs": runs, "pngs": pngs,
+        "complete": len(runs) == n_total, "runs_done": len(runs), "runs_total": n_total, "seconds": seconds,
+        "threads": torch.get_num_threads(), "device": "CPU",
+    }
+    summary["comparisons_obj"] = comps
+    md = suite_markdown(summary)
+    summary["comparisons"] = _jsonable(comps)
+    summary["acceptance"] = [{"target": t, "met": ok, "evidence": ev} for t, ok, ev in acceptance(comps)]
+    atomic_save_json(out / "results.json", _jsonable({k: v for k, v in summary.items() if k != "comparisons_obj"}))
+    atomic_save_bytes(out / "results.md", md.encode())
+    if markdown_path is not None:
+        mp = Path(markdown_path)
+        prefix = os.path.relpath(out.resolve(), mp.resolve().parent).replace(os.sep, "/") + "/"
+        atomic_save_bytes(mp, suite_markdown(summary, "" if prefix == "./" else prefix).encode())
+    summary.pop("comparisons_obj")
+    return summary
