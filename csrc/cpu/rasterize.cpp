@@ -136,9 +136,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
                         const float z = lz[k];
                         const float* f = feat + (int64_t)fids[start + k] * C;
                         const int32_t id = (int32_t)(start + k);
+                        const auto fr = decltype(acc)::load(CT > 0 ? f : feat);
                         pairs([&](int64_t l, float a, float T) {
                           const float w = a * T;
-                          if constexpr (CT > 0) acc.add(l, w, f);
+                          if constexpr (CT > 0) acc.add(l, w, fr);
                           else axpy<CT>(racc.data() + l * C, w, f, C);
                           rd1[l] += w * z;
                           rd2[l] += w * z * z;

@@ -115,11 +115,23 @@ struct RowAccum {
     std::fill(head.begin(), head.end(), 0.0f);
     std::fill(vec.begin(), vec.end(), vf16{});
   }
-  inline void add(int64_t l, float w, const float* __restrict f) {
+  // One Gaussian's feature row, loaded once per (Gaussian, row) segment: its contributions then
+  // read it from registers (it was re-read, unaligned, for every pixel of the segment).
+  struct Row {
+    float h[kR > 0 ? kR : 1];
+    vf16 v[kV > 0 ? kV : 1];
+  };
+  static inline Row load(const float* __restrict f) {
+    Row r;
+    for (int c = 0; c < kR; ++c) r.h[c] = f[c];
+    for (int u = 0; u < kV; ++u) r.v[u] = load16(f + kR + 16 * u);
+    return r;
+  }
+  inline void add(int64_t l, float w, const Row& f) {
     float* h = head.data() + l * kR;
-    for (int c = 0; c < kR; ++c) h[c] += w * f[c];
+    for (int c = 0; c < kR; ++c) h[c] += w * f.h[c];
     vf16* v = vec.data() + l * kV;
-    for (int u = 0; u < kV; ++u) v[u] += w * load16(f + kR + 16 * u);
+    for (int u = 0; u < kV; ++u) v[u] += w * f.v[u];
   }
   inline float get(int64_t l, int c) const {
     return c < kR ? head[l * kR + c] : vec[l * kV + (c - kR) / 16][(c - kR) % 16];
