@@ -41,12 +41,30 @@ def orbit(num: int, size: int, radius: float = 3.5, height: float = 1.0):
 def timeit(fn: Callable[[], object], repeats: int = 3, warmup: int = 1) -> Dict[str, float]:
     for _ in range(warmup):
         fn()
-    times = []
+    times, cpu = [], []
     for _ in range(repeats):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         fn()
         times.append(time.perf_counter() - t)
-    return {"median_s": statistics.median(times), "min_s": min(times), "repeats": repeats}
+        cpu.append(time.process_time() - c)
+    return {"median_s": statistics.median(times), "min_s": min(times), "repeats": repeats,
+            "cpu_median_s": statistics.median(cpu)}
+
+
+def interleaved(fns: Dict[str, Callable[[], object]], rounds: int) -> Dict[str, Dict[str, List[float]]]:
+    """Wall and CPU seconds of each function per round, timed in turn every round (after one warm-up
+    call each), so that load from other processes hits them alike; compare them by per-round ratios.
+    Returns {"wall": {name: [s, ...]}, "cpu": {name: [s, ...]}} (CPU: this process, all threads)."""
+    for fn in fns.values():
+        fn()
+    out: Dict[str, Dict[str, List[float]]] = {"wall": {n: [] for n in fns}, "cpu": {n: [] for n in fns}}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t, c = time.perf_counter(), time.process_time()
+            fn()
+            out["wall"][name].append(time.perf_counter() - t)
+            out["cpu"][name].append(time.process_time() - c)
+    return out
 
 
 def peak_rss_mb() -> float:
@@ -82,3 +100,36 @@ def write_results(name: str, payload: Dict, markdown: str) -> Dict:
     atomic_save_text(RESULTS / f"{name}.md", markdown)
     print(markdown)
     return payload
+
+
+def cpu_peak_fma() -> Dict[str, object]:
+    """This CPU's peak single-precision FMA rate per core, from lscpu's flags and the clock.
+
+    lanes = 16 (avx512f) / 8 (avx2 + fma) / 4 (sse); 2 FMA pipes per core (Intel since Haswell,
+    AMD since Zen 2); clock = lscpu's max MHz when given, else /proc/cpuinfo's MHz (a VM often
+    shows only the nominal clock). Peak FMA/s per core = pipes x lanes x clock (x 2 for FLOP/s).
+    """
+    flags, mhz, model = set(), None, platform.processor() or "unknown"
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        for line in out.splitlines():
+            key, _, val = line.partition(":")
+            key, val = key.strip(), val.strip()
+            if key == "Flags":
+                flags = set(val.split())
+            elif key == "CPU max MHz" and val:
+                mhz = float(val)
+            elif key == "Model name":
+                model = val
+    except (OSError, subprocess.SubprocessError):
+        pass
+    if mhz is None:
+        try:
+            mhz = max(float(l.split(":")[1]) for l in Path("/proc/cpuinfo").read_text().splitlines()
+                      if l.startswith("cpu MHz"))
+        except (OSError, ValueError):
+            mhz = float("nan")
+    lanes = 16 if "avx512f" in flags else 8 if {"avx2", "fma"} <= flags else 4
+    pipes = 2
+    return {"model": model, "isa": "avx512f" if lanes == 16 else "avx2+fma" if lanes == 8 else "sse", "lanes": lanes,
+            "fma_pipes": pipes, "clock_ghz": mhz / 1000.0, "peak_fma_per_s_per_core": pipes * lanes * mhz * 1e6}

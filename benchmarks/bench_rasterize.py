@@ -3,6 +3,14 @@
 Scene: 20k Gaussians, one 256x256 view, 16 feature channels (issue 2's setting).
 Each backend runs in its own interpreter so that its peak RSS is its own.
 
+The physical limit (issue 21): the native forward and backward are also stated as composited
+(Gaussian, pixel) pairs per second per core (pairs counted exactly by the aggregation op's record of
+the same row traversal) and as the fraction of this CPU's peak single-precision FMA rate
+(``_common.cpu_peak_fma``: lscpu flags, 2 FMA pipes, clock) that the arithmetic every composited pair
+needs would take, each operation counted as one FMA lane: alpha (sigma, exp, clamps: ALPHA_OPS) and
+compositing (C + 6) forward, the same alpha and 4 C + 30 backward. Pairs tested but not composited
+(alpha < 1/255 inside a row, or culled) are overhead, not counted.
+
     python benchmarks/bench_rasterize.py            # both, prints ratios, writes results/
 """
 from __future__ import annotations
@@ -13,9 +21,22 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import entry, machine, orbit, peak_rss_mb, random_scene, run_isolated, timeit, write_results  # noqa: E402
+from _common import (cpu_peak_fma, entry, machine, orbit, peak_rss_mb, random_scene, run_isolated,  # noqa: E402
+                     timeit, write_results)
 
 N, SIZE, C = 20_000, 256, 16
+ALPHA_OPS = 24  # per pair: dx, sigma (mul + 2 FMA), clamps, exp (12), alpha (mul + min + 3 selects)
+FWD_OPS, BWD_OPS = ALPHA_OPS + C + 6, ALPHA_OPS + 4 * C + 30
+
+
+def composited_pairs(p) -> int:
+    """(Gaussian, pixel) pairs the compositing traversal visits (exact: the aggregation op's record)."""
+    from rh3dgs.ops import aggregate_sphere
+
+    ones = torch.ones(1, SIZE, SIZE, 1)
+    *_, rec = aggregate_sphere(p.means2d, p.conics, p.opacities, ones, ones[..., 0], p.isect_offsets, p.flatten_ids,
+                               p.tile_size, mode="init", record=True)
+    return int(rec.lanes.numel())
 
 
 def _inputs():
@@ -50,7 +71,15 @@ def measure(backend: str) -> dict:
     native = backend == "native"
     t = timeit(step, repeats=9 if native else 1, warmup=2 if native else 0)
     tf = timeit(forward, repeats=9 if native else 1, warmup=1 if native else 0)  # graph built, no backward
-    return {"backend": backend, "fwd_bwd_s": t["median_s"], "fwd_s": tf["median_s"],
+    extra = {}
+    if native:
+        with torch.no_grad():
+            fwd_only = timeit(lambda: rasterize_to_pixels(p.means2d, p.conics, feats, p.opacities, p.depths, SIZE, SIZE,
+                                                          p.tile_size, p.isect_offsets, p.flatten_ids), repeats=9)
+        extra = {"pairs": composited_pairs(p), "fwd_nograd_s": fwd_only["median_s"],
+                 "fwd_nograd_cpu_s": fwd_only["cpu_median_s"], "fwd_bwd_cpu_s": t["cpu_median_s"],
+                 "fwd_graph_cpu_s": tf["cpu_median_s"]}
+    return {**extra, "backend": backend, "fwd_bwd_s": t["median_s"], "fwd_s": tf["median_s"],
             "bwd_s": max(t["median_s"] - tf["median_s"], 0.0), "peak_rss_mb": peak_rss_mb(),
             "rss_over_setup_mb": peak_rss_mb() - base_rss, "n_isects": int(p.flatten_ids.numel())}
 
@@ -60,7 +89,20 @@ def main() -> dict:
     ref = run_isolated(__file__, ["--only", "reference"])
     ratio = ref["fwd_bwd_s"] / native["fwd_bwd_s"]
     r_fwd, r_bwd = ref["fwd_s"] / native["fwd_s"], ref["bwd_s"] / max(native["bwd_s"], 1e-9)
+    peak = cpu_peak_fma()
+    threads = int(machine()["threads"])
+    pairs = native["pairs"]
+    limit = {}
+    bwd_cpu = max(native["fwd_bwd_cpu_s"] - native["fwd_graph_cpu_s"], 1e-9)
+    for part, secs, cpu_s, ops in (("forward", native["fwd_nograd_s"], native["fwd_nograd_cpu_s"], FWD_OPS),
+                                   ("backward", native["bwd_s"], bwd_cpu, BWD_OPS)):
+        # per core: over the CPU time of all threads (robust to other processes' load), and over
+        # wall time x threads (what an idle machine would give only without that load)
+        rate = pairs / cpu_s
+        limit[part] = {"pairs_per_s_per_core": rate, "pairs_per_s_per_core_wall": pairs / (secs * threads),
+                       "ops_per_pair": ops, "fraction_of_peak_fma": rate * ops / peak["peak_fma_per_s_per_core"]}
     payload = {"setting": {"gaussians": N, "size": SIZE, "channels": C}, "native": native, "reference": ref,
+               "cpu_peak": peak, "physical_limit": limit,
                "speedup_native_vs_reference": ratio, "speedup_forward": r_fwd, "speedup_backward": r_bwd,
                "memory_ratio_reference_vs_native": ref["rss_over_setup_mb"] / max(native["rss_over_setup_mb"], 1e-3),
                "machine": machine()}
@@ -71,7 +113,17 @@ def main() -> dict:
           + "".join(f"| {name} | {r['fwd_bwd_s']:.3f} | {r['fwd_s']:.3f} | {r['bwd_s']:.3f} | {r['peak_rss_mb']:.0f} | "
                     f"{r['rss_over_setup_mb']:.0f} |\n" for name, r in (("native", native), ("torch reference", ref)))
           + f"\n**speed ratio (reference / native): {ratio:.1f}x** forward + backward "
-          f"(forward {r_fwd:.1f}x, backward {r_bwd:.1f}x; backward = fwd+bwd - forward)\n")
+          f"(forward {r_fwd:.1f}x, backward {r_bwd:.1f}x; backward = fwd+bwd - forward)\n"
+          f"\n## Physical limit\n\n{pairs:,} composited (Gaussian, pixel) pairs ({pairs / SIZE ** 2:.1f} per pixel). "
+          f"CPU: {peak['model']}, {peak['isa']} ({peak['lanes']} float lanes x {peak['fma_pipes']} FMA pipes) at "
+          f"{peak['clock_ghz']:.2f} GHz: peak {peak['peak_fma_per_s_per_core'] / 1e9:.1f} G FMA/s per core. "
+          "Each pair's necessary arithmetic counted as FMA lanes (forward: alpha + compositing; backward: alpha + "
+          "gradients; see the module docstring); forward timed without autograd, backward = fwd+bwd - forward; per "
+          f"core = pairs / CPU seconds of all {threads} threads (wall x threads in brackets: inflated by other "
+          "processes' load).\n\n"
+          "| pass | pairs / s / core | ops / pair | fraction of peak FMA |\n|---|---|---|---|\n"
+          + "".join(f"| {k} | {v['pairs_per_s_per_core'] / 1e6:.1f} M ({v['pairs_per_s_per_core_wall'] / 1e6:.1f} M) | "
+                    f"{v['ops_per_pair']} | **{100 * v['fraction_of_peak_fma']:.1f} %** |\n" for k, v in limit.items()))
     return write_results("rasterize", payload, md)
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-BENCHES = ["bench_rasterize", "bench_lift", "bench_scale", "bench_lic", "bench_query", "bench_viewer", "bench_nstrain"]
+BENCHES = ["bench_rasterize", "bench_lift", "bench_scale", "bench_lic", "bench_query", "bench_viewer", "bench_real",
+           "bench_nstrain"]
 
 
 def main() -> int:

@@ -27,6 +27,22 @@ TORCH_LIBRARY(rh3dgs, m) {
       "Tensor? backgrounds, int width, int height, int tile_size, Tensor isect_offsets, Tensor flatten_ids, "
       "Tensor alpha, Tensor last_ids, Tensor v_render, Tensor v_alpha, Tensor v_d1, Tensor v_d2) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // EWA projection of 3D Gaussians into B pinhole cameras (gsplat's fully fused projection, non-packed):
+  // means [N,3], quats [N,4] (w,x,y,z, any norm), scales [N,3] (activated), viewmats [B,4,4] (world to
+  // camera), Ks [B,3,3]. Returns radii [B,N] int32 (0 = culled), means2d [B,N,2], depths [B,N],
+  // conics [B,N,3]. CPU kernel; on CUDA rh3dgs.ops.project_gaussians calls gsplat's kernel.
+  m.def("project_fwd(Tensor means, Tensor quats, Tensor scales, Tensor viewmats, Tensor Ks, int width, int height, "
+        "float eps2d, float near_plane, float far_plane) -> (Tensor, Tensor, Tensor, Tensor)");
+  // Gradients w.r.t. means, quats, scales and (if viewmats_grad, else zeros) viewmats; pairs with
+  // radii <= 0 get none (as gsplat).
+  m.def("project_bwd(Tensor means, Tensor quats, Tensor scales, Tensor viewmats, Tensor Ks, int width, int height, "
+        "float eps2d, Tensor radii, Tensor v_means2d, Tensor v_depths, Tensor v_conics, bool viewmats_grad) "
+        "-> (Tensor, Tensor, Tensor, Tensor)");
+  // View-dependent colours from SH coefficients (gsplat's bases, degree 0-3, no +0.5 / clamp):
+  // colors [B,N,3] = sum_k Y_k(normalise(means[n] - campos[b])) coeffs[n,k]; means [N,3], campos [B,3],
+  // coeffs [N,K,3] with K >= (degree+1)^2. CPU kernel (forward; rh3dgs.ops.sh_colors differentiates
+  // through its torch reference); on CUDA rh3dgs.ops.sh_colors calls gsplat's kernel.
+  m.def("sh_fwd(int degree, Tensor means, Tensor campos, Tensor coeffs) -> Tensor");
   // Tile binning (gsplat's isect_tiles + isect_offset_encode, non-packed), CPU kernel;
   // on CUDA rh3dgs.ops.isect_tiles calls gsplat's kernels.
   // Returns tiles_per_gauss [B,N] int32, isect_offsets [B,TH,TW] int32, flatten_ids [M] int32.

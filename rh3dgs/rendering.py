@@ -1,9 +1,9 @@
 """One rendering entry point: ``rh3dgs.render(gaussians, cameras, features=...)``.
 
-Projection and SH evaluation use gsplat: its pure-torch references on CPU (they run
-anywhere) and its CUDA kernels on CUDA tensors. Compositing goes through the single
-:func:`rh3dgs.ops.rasterize_to_pixels` op, which dispatches by device. Callers never
-branch on the device.
+Stages: projection (:func:`rh3dgs.ops.project_gaussians`: native on CPU, gsplat's kernel on
+CUDA), SH colours (:func:`rh3dgs.ops.sh_colors`), tile binning
+(:func:`rh3dgs.ops.isect_tiles`) and compositing (:func:`rh3dgs.ops.rasterize_to_pixels`); each
+op dispatches by device, callers never branch on it.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from torch import Tensor
 from .cameras import Cameras
 from .errors import ShapeError
 from .gaussians import Gaussians
-from .ops import isect_tiles, rasterize_to_pixels
+from .ops import isect_tiles, project_gaussians, rasterize_to_pixels, sh_colors
 
 __all__ = ["RenderResult", "render", "project", "FixedViews", "fixed_views"]
 
@@ -69,14 +69,6 @@ class RenderResult:
     projection: Projection
 
 
-def _covariances(gaussians: Gaussians) -> Tensor:
-    from gsplat.cuda._torch_impl import _quat_scale_to_covar_preci
-
-    covars, _ = _quat_scale_to_covar_preci(gaussians.quats, gaussians.activated_scales, compute_preci=False,
-                                           triu=False)
-    return covars
-
-
 def project(
     gaussians: Gaussians,
     cameras: Cameras,
@@ -88,20 +80,8 @@ def project(
     """Project Gaussians into every camera and bin them into tiles."""
     viewmats, Ks = cameras.viewmats.to(gaussians.device), cameras.Ks.to(gaussians.device)
     W, H = int(cameras.width), int(cameras.height)
-    if gaussians.device.type == "cuda":
-        from gsplat.cuda._wrapper import fully_fused_projection
-
-        radii, means2d, depths, conics, _ = fully_fused_projection(
-            gaussians.means, None, gaussians.quats, gaussians.activated_scales, viewmats, Ks, W, H,
-            eps2d=eps2d, near_plane=near_plane, far_plane=far_plane, packed=False,
-        )
-    else:
-        from gsplat.cuda._torch_impl import _fully_fused_projection
-
-        radii, means2d, depths, conics, _ = _fully_fused_projection(
-            gaussians.means, _covariances(gaussians), viewmats, Ks, W, H, eps2d=eps2d, near_plane=near_plane,
-            far_plane=far_plane,
-        )
+    radii, means2d, depths, conics = project_gaussians(gaussians.means, gaussians.quats, gaussians.activated_scales,
+                                                       viewmats, Ks, W, H, eps2d, near_plane, far_plane)
     radii = radii.int()
     tw, th = math.ceil(W / tile_size), math.ceil(H / tile_size)
     _, offsets, flatten_ids = isect_tiles(means2d, radii, depths, tile_size, tw, th)
@@ -117,16 +97,7 @@ def _sh_colors(gaussians: Gaussians, cameras: Cameras) -> Tensor:
         col = (C0 * coeffs[:, 0, :] + 0.5).clamp_min(0.0)
         return col[None].expand(len(cameras), -1, -1)
     campos = torch.linalg.inv(cameras.viewmats.to(gaussians.device))[:, :3, 3]  # [B, 3]
-    dirs = gaussians.means[None] - campos[:, None, :]  # [B, N, 3]
-    coeffs_b = coeffs[None].expand(len(cameras), -1, -1, -1)
-    if gaussians.device.type == "cuda":
-        from gsplat.cuda._wrapper import spherical_harmonics
-
-        col = spherical_harmonics(gaussians.sh_degree, dirs, coeffs_b)
-    else:
-        from gsplat.cuda._torch_impl import _spherical_harmonics
-
-        col = _spherical_harmonics(gaussians.sh_degree, dirs, coeffs_b)
+    col = sh_colors(gaussians.sh_degree, gaussians.means, campos, coeffs)
     return (col + 0.5).clamp_min(0.0)
 
 

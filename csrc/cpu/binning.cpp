@@ -1,8 +1,8 @@
 // CPU tile binning: which Gaussians touch which 16x16 tiles, sorted front to back per tile.
 // Same contract and rounding as gsplat's isect_tiles + isect_offset_encode (non-packed).
 //
-// Counting sort by (camera, tile), then a per-tile sort by (depth, Gaussian id): O(M) plus
-// small sorts, parallel over tiles, and deterministic (ties in depth broken by id).
+// One sort of the visible pairs by (depth, Gaussian id), then a counting sort by (camera, tile)
+// that keeps that order: O(G log G + M), parallel over bands of tile rows, deterministic.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <omp.h>
@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <vector>
 
@@ -48,40 +49,57 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> isect_tiles_cpu(const at::Tensor&
     r[3] = std::min<int64_t>(std::max<int64_t>((int64_t)std::ceil(ty + tr), 0), tile_height);
     tpg[g] = (r[2] - r[0]) * (r[3] - r[1]);
   }
-  // counting sort by global tile (camera * n_tiles + tile)
-  std::vector<int64_t> counts((size_t)B * n_tiles + 1, 0);
+  // Depth order first: one sort of the visible (Gaussian, camera) pairs by (depth, id), then the
+  // pairs are dealt to their tiles in that order, so every tile's run comes out sorted (ties by
+  // id, as the per-tile comparison sort this replaces). Keys: the depth's float bits mapped to
+  // an order-preserving uint32, then the flat id.
+  std::vector<uint64_t> keys;
+  keys.reserve(G);
   for (int64_t g = 0; g < G; ++g) {
-    const int32_t* r = rect.data() + 4 * g;
-    const int64_t base = (g / N) * n_tiles;
-    for (int32_t y = r[1]; y < r[3]; ++y)
-      for (int32_t x = r[0]; x < r[2]; ++x) ++counts[base + y * tile_width + x];
+    if (tpg[g] == 0) continue;
+    uint32_t bits;
+    std::memcpy(&bits, dep + g, 4);
+    bits = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+    keys.push_back(((uint64_t)bits << 32) | (uint32_t)g);
   }
+  std::sort(keys.begin(), keys.end());
+  // Tile rows (camera-major: row b * TH + ty) are split into bands, one per task; each band
+  // counts and then fills only its own tiles, scanning the pairs in depth order
+  // (deterministic for any thread count).
+  const int64_t n_rows = B * tile_height;
+  std::vector<int64_t> counts((size_t)B * n_tiles, 0);
+  auto for_band = [&](int64_t row0, int64_t row1, auto&& fn) {
+    for (const uint64_t key : keys) {
+      const int64_t g = (int64_t)(key & 0xffffffffu);
+      const int32_t* r = rect.data() + 4 * g;
+      const int64_t b = g / N;
+      const int64_t y0 = std::max<int64_t>(r[1], row0 - b * tile_height);
+      const int64_t y1 = std::min<int64_t>(r[3], row1 - b * tile_height);
+      for (int64_t y = y0; y < y1; ++y) {
+        const int64_t base = (b * tile_height + y) * tile_width;
+        for (int32_t x = r[0]; x < r[2]; ++x) fn(base + x, g);
+      }
+    }
+  };
+  const int64_t grain = std::max<int64_t>(1, n_rows / std::max(1, at::get_num_threads()));
+  at::parallel_for(0, n_rows, grain, [&](int64_t row0, int64_t row1) {
+    for_band(row0, row1, [&](int64_t t, int64_t) { ++counts[t]; });
+  });
   auto isect_offsets = at::empty({B, tile_height, tile_width}, radii.options());
   int32_t* offs = isect_offsets.data_ptr<int32_t>();
-  std::vector<int64_t> cursor((size_t)B * n_tiles + 1, 0);
+  std::vector<int64_t> cursor((size_t)B * n_tiles, 0);
   int64_t total = 0;
   for (int64_t t = 0; t < B * n_tiles; ++t) {
     cursor[t] = total;
     offs[t] = (int32_t)total;
     total += counts[t];
   }
-  cursor[B * n_tiles] = total;
   TORCH_CHECK(total < (int64_t)INT32_MAX, "too many tile intersections for int32 flatten_ids: ", total);
   auto flatten_ids = at::empty({total}, radii.options());
   int32_t* fids = flatten_ids.data_ptr<int32_t>();
-  for (int64_t g = 0; g < G; ++g) {  // in Gaussian order
-    const int32_t* r = rect.data() + 4 * g;
-    const int64_t base = (g / N) * n_tiles;
-    for (int32_t y = r[1]; y < r[3]; ++y)
-      for (int32_t x = r[0]; x < r[2]; ++x) fids[cursor[base + y * tile_width + x]++] = (int32_t)g;
-  }
-  // front to back inside each tile
-#pragma omp parallel for schedule(dynamic, 4) num_threads(at::get_num_threads())
-  for (int64_t t = 0; t < B * n_tiles; ++t) {
-    int32_t* begin = fids + offs[t];
-    int32_t* end = fids + (t + 1 < B * n_tiles ? (int64_t)offs[t + 1] : total);
-    std::sort(begin, end, [dep](int32_t a, int32_t b) { return dep[a] < dep[b] || (dep[a] == dep[b] && a < b); });
-  }
+  at::parallel_for(0, n_rows, grain, [&](int64_t row0, int64_t row1) {
+    for_band(row0, row1, [&](int64_t t, int64_t g) { fids[cursor[t]++] = (int32_t)g; });
+  });
   return {tiles_per_gauss, isect_offsets, flatten_ids};
 }
 

@@ -6,6 +6,9 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+
+#include "vec16.h"
 
 namespace rh3dgs {
 
@@ -24,6 +27,27 @@ inline float exp_neg(float x) {
   const float y = p * r * r + r + 1.0f;
   const int32_t bits = ((int32_t)n + 127) << 23;
   return y * std::bit_cast<float>(bits);
+}
+
+// exp_neg() on a native vector (kNativeLanes lanes), the same operations in the same order (so
+// the same bits per lane). Written with vector types and selects because GCC (12, AVX2) does not
+// vectorise the scalar function inside an `omp simd` loop: std::min / std::max and the selects
+// become control flow ("not vectorized: control flow in loop") and the loop ran scalar.
+inline vfn exp_neg_v(vfn x) {
+  x = x < -87.0f ? splatn(-87.0f) : x;  // std::max(x, -87)
+  const vfn n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const vfn r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  vfn p = splatn(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const vfn y = p * r * r + r + 1.0f;
+  const vin bits = (__builtin_convertvector(n, vin) + 127) << 23;
+  vfn scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return y * scale;
 }
 
 // atan2(y, x) for y >= 0, in [0, pi]: reduction to [0, tan(pi/8)] and the Cephes atanf

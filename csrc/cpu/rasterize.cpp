@@ -19,6 +19,7 @@
 
 #include "../common.h"
 #include "dispatch.h"
+#include "huge_alloc.h"
 #include "reduce.h"
 #include "vec16.h"
 #include "row_alpha.h"
@@ -76,11 +77,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
   const int64_t n_isects = flatten_ids.numel();
   auto fopt = means2d.options();
   // every pixel belongs to one tile and is written below (tiles without Gaussians included)
-  auto render = at::empty({B, height, width, C}, fopt);
-  auto alpha = at::empty({B, height, width}, fopt);
-  auto d1 = at::empty({B, height, width}, fopt);
-  auto d2 = at::empty({B, height, width}, fopt);
-  auto last_ids = at::empty({B, height, width}, fopt.dtype(at::kInt));
+  // (on huge pages: paging in a fresh render costs more than compositing it, see huge_alloc.h)
+  auto render = empty_huge({B, height, width, C}, fopt);
+  auto alpha = empty_huge({B, height, width}, fopt);
+  auto d1 = empty_huge({B, height, width}, fopt);
+  auto d2 = empty_huge({B, height, width}, fopt);
+  auto last_ids = empty_huge({B, height, width}, fopt.dtype(at::kInt));
 
   const float* xy = means2d.data_ptr<float>();
   const float* con = conics.data_ptr<float>();
@@ -104,7 +106,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
     std::vector<float> lz;  // and their depths
     // Per-row state, one lane per pixel of the tile row (L lanes, lanes >= nx are padding).
     const int64_t L = row_alpha_capacity(tile_size);
-    std::vector<float> rT(L), rd1(L), rd2(L), racc(L * C), ralpha(L), rvis(L);  // racc: [L][C]
+    std::vector<float> rT(L), rd1(L), rd2(L), racc(CT > 0 ? 0 : L * C), ralpha(L), rvis(L);  // racc: [L][C]
+    RowAccum<(CT > 0 ? CT : 1)> acc(CT > 0 ? L : 0);  // compiled channel counts
     std::vector<int32_t> rlast(L), rlimit(L);  // rlimit: INT32_MAX while the pixel is open, else -1
     TileRows rows;
 #pragma omp for schedule(dynamic, 1)
@@ -116,6 +119,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
       tg.gather(packed.data(), fids, start, K);
       lz.resize(K);
       for (int64_t k = 0; k < K; ++k) lz[k] = dep[fids[start + k]];
+      prefetch_rows(feat, C, fids + start, K);
       rows.build(tg, y0, y1, x0, x1);
       const int64_t nx = x1 - x0;
       for (int64_t py = y0; py < y1; ++py) {
@@ -126,15 +130,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
           rT[l] = 1.0f; rd1[l] = rd2[l] = 0.0f; rlast[l] = -1;
           rlimit[l] = l < nx ? std::numeric_limits<int32_t>::max() : -1;
         }
-        std::fill(racc.begin(), racc.end(), 0.0f);
+        if constexpr (CT > 0) acc.clear(); else std::fill(racc.begin(), racc.end(), 0.0f);
         composite_row(tg, rows, py - y0, fy, x0, L, nx, rT.data(), rlimit.data(), ralpha.data(), rvis.data(),
                       [&](int64_t k, auto&& pairs) {
                         const float z = lz[k];
                         const float* f = feat + (int64_t)fids[start + k] * C;
                         const int32_t id = (int32_t)(start + k);
+                        const auto fr = decltype(acc)::load(CT > 0 ? f : feat);
                         pairs([&](int64_t l, float a, float T) {
                           const float w = a * T;
-                          axpy<CT>(racc.data() + l * C, w, f, C);
+                          if constexpr (CT > 0) acc.add(l, w, fr);
+                          else axpy<CT>(racc.data() + l * C, w, f, C);
                           rd1[l] += w * z;
                           rd2[l] += w * z * z;
                           rlast[l] = id;
@@ -143,8 +149,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
         for (int64_t q = 0; q < nx; ++q) {
           const int64_t pix = (b * height + py) * width + x0 + q;
           float* o = out + pix * C;
-          const float* acc = racc.data() + q * C;
-          for (int64_t c = 0; c < C; ++c) o[c] = acc[c] + (bg ? rT[q] * bg[b * C + c] : 0.0f);
+          if constexpr (CT > 0) {
+            for (int c = 0; c < CT; ++c) o[c] = acc.get(q, c) + (bg ? rT[q] * bg[b * C + c] : 0.0f);
+          } else {
+            const float* ac = racc.data() + q * C;
+            for (int64_t c = 0; c < C; ++c) o[c] = ac[c] + (bg ? rT[q] * bg[b * C + c] : 0.0f);
+          }
           out_a[pix] = 1.0f - rT[q];
           out_d1[pix] = rd1[q];
           out_d2[pix] = rd2[q];
@@ -178,7 +188,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
   // Per-intersection gradient rows: [xy(2), conic(3), opacity(1), depth(1), features(C)].
   const int64_t S = 7 + C;
   // Zeroed per tile inside the parallel loop (every intersection belongs to exactly one tile).
-  std::unique_ptr<float[]> isect_grad(new float[(size_t)n_isects * S]);
+  const auto isect_grad = huge_floats((size_t)n_isects * S);
 
   const float* xy = means2d.data_ptr<float>();
   const float* con = conics.data_ptr<float>();
@@ -217,13 +227,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
       const int64_t K = end - start;
       std::fill(isect_grad.get() + start * S, isect_grad.get() + end * S, 0.0f);
       tg.gather(packed.data(), fids, start, K);
+      prefetch_rows(feat, C, fids + start, K);
       rows.build(tg, y0, y1, x0, x1);
       const int64_t nx = x1 - x0;
       for (int64_t py = y0; py < y1; ++py) {
         // Gaussian-major, back to front over this row, all pixels at once; per pixel the same
         // operations in the same order as a back-to-front scan from its last contributor.
-        const int32_t* row = rows.items.data() + rows.row_begin[py - y0];
-        const int64_t n_row = rows.row_begin[py - y0 + 1] - rows.row_begin[py - y0];
+        const int32_t* row = rows.row(py - y0);
+        const int64_t n_row = rows.row_size(py - y0);
         const float fy = (float)py + 0.5f;
         const int64_t pix0 = (b * height + py) * width + x0;
         const float* v_row = vr + pix0 * C;  // [nx][C], pixel-major
@@ -258,7 +269,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
           const float z = dep[g];
           const float* f = feat + g * C;
           float* grow = isect_grad.get() + (size_t)isect * S;
-          row_alphas(tg.x[k], tg.y[k], a_, b_, c_, o, fy, x0, L, ralpha.data(), rvis.data());
+          const int64_t item = rows.row_offset(py - y0) + j;
+          row_alphas_span(tg.x[k], tg.y[k], a_, b_, c_, o, fy, x0, L, rows.lane_lo[item], rows.lane_hi[item],
+                          ralpha.data(), rvis.data());
           // the pixels this pair contributes to: alpha kept, not behind the pixel's last contributor
           uint64_t mask = lane_mask(ralpha.data(), rlastk.data(), (int32_t)k, L);
           if (mask == 0) continue;

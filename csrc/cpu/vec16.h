@@ -4,12 +4,68 @@
 // loops spilled their accumulators and summed in order.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 namespace rh3dgs {
 
 typedef float vf16 __attribute__((vector_size(64)));
+
+// The machine's native float vector (AVX-512: 16 lanes, else 8), for lane-wise code with
+// compares and selects: on a 16-lane type without AVX-512, GCC 12 lowers `a < b ? x : y`
+// lane by lane in scalar code (a 64-byte type is fine for plain arithmetic, not for selects).
+#if defined(__AVX512F__)
+constexpr int kNativeLanes = 16;
+#else
+constexpr int kNativeLanes = 8;
+#endif
+typedef float vfn __attribute__((vector_size(4 * kNativeLanes)));
+typedef int32_t vin __attribute__((vector_size(4 * kNativeLanes)));
+
+inline vfn loadn(const float* p) {
+  vfn v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void storen(float* p, vfn v) { std::memcpy(p, &v, sizeof(v)); }
+inline vfn splatn(float x) { return vfn{} + x; }
+// Lane-wise ceil / floor (exact, as std::ceil / std::floor), one instruction each.
+inline vfn ceiln(vfn x) {
+#if defined(__AVX512F__)
+  return (vfn)_mm512_roundscale_ps((__m512)x, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC);
+#elif defined(__AVX2__)
+  return (vfn)_mm256_ceil_ps((__m256)x);
+#else
+  for (int l = 0; l < kNativeLanes; ++l) x[l] = std::ceil(x[l]);
+  return x;
+#endif
+}
+inline vfn floorn(vfn x) {
+#if defined(__AVX512F__)
+  return (vfn)_mm512_roundscale_ps((__m512)x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+#elif defined(__AVX2__)
+  return (vfn)_mm256_floor_ps((__m256)x);
+#else
+  for (int l = 0; l < kNativeLanes; ++l) x[l] = std::floor(x[l]);
+  return x;
+#endif
+}
+// Lane-wise IEEE square root (correctly rounded: the bits of std::sqrt), one instruction.
+inline vfn sqrtn(vfn x) {
+#if defined(__AVX512F__)
+  return (vfn)_mm512_sqrt_ps((__m512)x);
+#elif defined(__AVX2__)
+  return (vfn)_mm256_sqrt_ps((__m256)x);
+#else
+  for (int l = 0; l < kNativeLanes; ++l) x[l] = std::sqrt(x[l]);
+  return x;
+#endif
+}
 
 inline vf16 load16(const float* p) {
   vf16 v;
@@ -40,5 +96,46 @@ inline void axpy(float* __restrict acc, float w, const float* __restrict x, int6
   for (; c + 16 <= n; c += 16) store16(acc + c, load16(acc + c) + w * load16(x + c));
   for (; c < n; ++c) acc[c] += w * x[c];
 }
+
+// Per-pixel channel accumulators of one tile row (L pixels x C channels) for the forward
+// compositing. Channels [0, R) with R = C % 16 (RGB in RGB + 16 / 32 latents) are scalars; the
+// channels after them are whole 16-float blocks stored as aligned vectors, one 64-byte line per
+// block and pixel. Adding a contribution is R scalar and C / 16 vector multiply-adds
+// acc += w * f, the same per-channel operation as axpy() (so the sums are the same bits), but
+// without the misaligned, line-crossing loads and stores of a packed [L][C] row. CT > 0 only.
+template <int CT>
+struct RowAccum {
+  static_assert(CT > 0, "compile-time channel count");
+  static constexpr int kR = CT % 16, kV = CT / 16;
+  std::vector<float> head;  // [L][kR]
+  std::vector<vf16> vec;    // [L][kV]
+
+  explicit RowAccum(int64_t L) : head((size_t)L * (kR > 0 ? kR : 1)), vec((size_t)L * (kV > 0 ? kV : 1)) {}
+  void clear() {
+    std::fill(head.begin(), head.end(), 0.0f);
+    std::fill(vec.begin(), vec.end(), vf16{});
+  }
+  // One Gaussian's feature row, loaded once per (Gaussian, row) segment: its contributions then
+  // read it from registers (it was re-read, unaligned, for every pixel of the segment).
+  struct Row {
+    float h[kR > 0 ? kR : 1];
+    vf16 v[kV > 0 ? kV : 1];
+  };
+  static inline Row load(const float* __restrict f) {
+    Row r;
+    for (int c = 0; c < kR; ++c) r.h[c] = f[c];
+    for (int u = 0; u < kV; ++u) r.v[u] = load16(f + kR + 16 * u);
+    return r;
+  }
+  inline void add(int64_t l, float w, const Row& f) {
+    float* h = head.data() + l * kR;
+    for (int c = 0; c < kR; ++c) h[c] += w * f.h[c];
+    vf16* v = vec.data() + l * kV;
+    for (int u = 0; u < kV; ++u) v[u] += w * f.v[u];
+  }
+  inline float get(int64_t l, int c) const {
+    return c < kR ? head[l * kR + c] : vec[l * kV + (c - kR) / 16][(c - kR) % 16];
+  }
+};
 
 }  // namespace rh3dgs

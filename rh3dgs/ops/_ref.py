@@ -15,7 +15,7 @@ ALPHA_MIN = 1.0 / 255.0
 ALPHA_MAX = 0.999
 T_MIN = 1e-4
 
-__all__ = ["_ref_rasterize_to_pixels", "_ref_aggregate_sphere", "_ref_tile_contributions", "_ref_isect_tiles",
+__all__ = ["_ref_project_gaussians", "_ref_sh_colors", "_ref_rasterize_to_pixels", "_ref_aggregate_sphere", "_ref_tile_contributions", "_ref_isect_tiles",
            "_ref_relevancy", "_ref_lic_infonce"]
 
 
@@ -44,6 +44,28 @@ def _ref_lic_infonce(features: Tensor, anchors: Tensor, candidates: Tensor, kind
     npos = pos.sum(1)
     per_anchor = -((sim - lse).masked_fill(~pos, 0.0)).sum(1) / npos.clamp_min(1)
     return per_anchor.masked_fill(npos == 0, 0.0)
+
+
+def _ref_project_gaussians(means: Tensor, quats: Tensor, scales: Tensor, viewmats: Tensor, Ks: Tensor, width: int,
+                           height: int, eps2d: float = 0.3, near_plane: float = 0.01,
+                           far_plane: float = 1e10) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Reference of ``project_gaussians``: gsplat's pure-torch covariance and fully fused projection
+    (differentiable by autograd). Returns radii [B,N] int32, means2d, depths, conics."""
+    from gsplat.cuda._torch_impl import _fully_fused_projection, _quat_scale_to_covar_preci
+
+    covars, _ = _quat_scale_to_covar_preci(quats, scales, compute_preci=False, triu=False)
+    radii, means2d, depths, conics, _ = _fully_fused_projection(means, covars, viewmats, Ks, width, height, eps2d=eps2d,
+                                                                near_plane=near_plane, far_plane=far_plane)
+    return radii.int(), means2d, depths, conics
+
+
+def _ref_sh_colors(degree: int, means: Tensor, campos: Tensor, coeffs: Tensor) -> Tensor:
+    """Reference of ``sh_colors``: gsplat's pure-torch SH evaluation of the directions
+    ``means - campos`` (differentiable by autograd). Returns [B, N, 3]."""
+    from gsplat.cuda._torch_impl import _spherical_harmonics
+
+    dirs = means[None] - campos[:, None, :]
+    return _spherical_harmonics(degree, dirs, coeffs[None].expand(campos.shape[0], -1, -1, -1))
 
 
 @torch.no_grad()
