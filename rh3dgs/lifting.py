@@ -337,10 +337,7 @@ def lift(
     else:
         cache = cfg.cache_projections
     irls = cfg.method != "euclidean" and cfg.iters > 0
-    footprint = cfg.teacher_footprint
-    if footprint is None and B > 0:
-        h, w = get_map(teacher_maps, 0).shape[:2]
-        footprint = max(H / h, W / w) if (h < H or w < W) else 0.0
+    footprint = cfg.teacher_footprint  # None: read off the first map the stream gives (below)
     compact = (not cache) and (irls if cfg.compact_cache is None else cfg.compact_cache)
     cached: Dict[int, tuple] = {}
     # full cache on CPU: the contributions the initial pass visits, per chunk, replayed by the IRLS
@@ -355,8 +352,12 @@ def lift(
     def get_maps(idx: List[int], raws: Optional[List[Tensor]] = None) -> Tensor:
         """[b, H, W, D] unit maps of views idx (``raws``: also collect the maps as given)."""
         out = []
+        nonlocal footprint
         for i in idx:
             m = get_map(teacher_maps, i)
+            if footprint is None:  # a map coarser than the render: each cell describes a footprint of pixels
+                h, w = m.shape[:2]
+                footprint = max(H / h, W / w) if (h < H or w < W) else 0.0
             if raws is not None:
                 raws.append(m)
             out.append(prepare_map(m, (H, W), i))

@@ -11,7 +11,7 @@ from rh3dgs.lifting import LiftConfig, lift
 from rh3dgs.ops._ref import _ref_tile_contributions
 from rh3dgs.rendering import render
 from rh3dgs.sphere import geodesic_distance, robust_frechet_mean
-from rh3dgs.vcd import reliability_weights
+from rh3dgs.vcd import pixel_weights
 
 
 def _scene(n=300, views=4, size=40, D=8, seed=0):
@@ -26,9 +26,9 @@ def _explicit(gs, cams, maps, cfg):
     zs, ws, segs = [], [], []
     for v in range(len(cams)):
         r = render(gs, cams[v], torch.ones(len(gs), 1), rgb=False)
-        valid = r.alpha >= cfg.min_coverage
-        wbar = reliability_weights(r.alpha, r.d1, r.d2, features=up[v:v + 1], cfg=cfg.vcd, valid_mask=valid) \
-            if cfg.use_vcd else valid.float()
+        footprint = W / maps.shape[2] if cfg.teacher_footprint is None else cfg.teacher_footprint
+        wbar = pixel_weights(r.alpha, r.d1, r.d2, up[v:v + 1], use_vcd=cfg.use_vcd, vcd=cfg.vcd,
+                             min_coverage=cfg.min_coverage, footprint=footprint)
         p = r.projection
         for _, pix, ids, w, _ in _ref_tile_contributions(p.means2d, p.conics, p.opacities, W, H, p.tile_size,
                                                          p.isect_offsets, p.flatten_ids):
@@ -220,7 +220,7 @@ def test_gaussians_seen_only_through_an_occluder_are_invalid():
     gs = Gaussians.from_activated(means, scales, quats, torch.tensor([0.95, 0.9, 0.95]), torch.rand(3, 3))
     top = Cameras.look_at(torch.tensor([[0.0, 0.01, 3.0]]), torch.zeros(3), width=32, height=32)
     maps = torch.nn.functional.normalize(torch.ones(1, 8, 8, 4), dim=-1)
-    cfg = LiftConfig(iters=1, latent_dim=0, use_vcd=False, min_coverage=0.1)
+    cfg = LiftConfig(iters=1, latent_dim=0, use_vcd=False, min_coverage=0.1, fill=False)
     r = lift(gs, top, maps, cfg, progress=False)
     assert r.weight[1] > cfg.min_weight and r.visibility[1] < 0.01 and not r.valid[1]
     assert r.visibility[2] > 0.9 and r.valid[0] and r.valid[2] and r.info["hidden"] == 1
@@ -231,6 +231,41 @@ def test_gaussians_seen_only_through_an_occluder_are_invalid():
     r2 = lift(gs, side, maps.expand(2, -1, -1, -1), cfg, progress=False)
     assert r2.visibility[1] > 0.01 and r2.valid[1]
     # min_visibility = 0 keeps it
-    r0 = lift(gs, top, maps, LiftConfig(iters=1, latent_dim=0, use_vcd=False, min_coverage=0.1, min_visibility=0.0),
-              progress=False)
+    r0 = lift(gs, top, maps, LiftConfig(iters=1, latent_dim=0, use_vcd=False, min_coverage=0.1, min_visibility=0.0,
+                                        fill=False), progress=False)
     assert r0.valid[1]
+    # with filling (the default) the hidden Gaussian takes its observed neighbours' feature and is marked filled
+    rf = lift(gs, top, maps, LiftConfig(iters=1, latent_dim=0, use_vcd=False, min_coverage=0.1, fill_radius=2.0),
+              progress=False)
+    assert rf.valid[1] and rf.filled[1] and not rf.filled[0] and rf.info["filled"] == 1
+    torch.testing.assert_close(rf.features[1], maps[0, 0, 0])
+
+
+def test_fill_gives_hidden_gaussians_the_feature_of_their_coloured_neighbours():
+    """Hidden floor (grey) under a box (blue): grey hidden Gaussians take the floor's feature, blue ones the box's."""
+    from rh3dgs.lifting import fill_from_neighbours
+
+    g = torch.Generator().manual_seed(0)
+    floor_obs = torch.cat([torch.rand(200, 2, generator=g) * 2 - 1, torch.zeros(200, 1)], 1)
+    floor_obs = floor_obs[floor_obs[:, :2].abs().amax(1) > 0.3]  # seen floor around the box
+    box_obs = torch.cat([torch.rand(100, 2, generator=g) * 0.6 - 0.3, torch.full((100, 1), 0.3)], 1)  # box top
+    hid_floor = torch.cat([torch.rand(30, 2, generator=g) * 0.5 - 0.25, torch.zeros(30, 1)], 1)
+    hid_box = torch.cat([torch.rand(30, 2, generator=g) * 0.5 - 0.25, torch.full((30, 1), 0.02)], 1)  # box bottom
+    means = torch.cat([floor_obs, box_obs, hid_floor, hid_box])
+    grey, blue = torch.tensor([0.5, 0.5, 0.5]), torch.tensor([0.1, 0.2, 0.9])
+    n1, n2 = len(floor_obs), len(box_obs)
+    colors = torch.cat([grey.expand(n1, 3), blue.expand(n2, 3), grey.expand(30, 3), blue.expand(30, 3)])
+    feats = torch.zeros(len(means), 2)
+    feats[:n1, 0] = 1.0
+    feats[n1:n1 + n2, 1] = 1.0
+    observed = torch.zeros(len(means), dtype=torch.bool)
+    observed[:n1 + n2] = True
+    out, filled = fill_from_neighbours(means, colors, feats, observed, k=16, radius=1.0)
+    assert filled[n1 + n2:].all() and not filled[:n1 + n2].any()
+    assert torch.equal(out[:n1 + n2], feats[:n1 + n2])
+    assert (out[n1 + n2:n1 + n2 + 30].argmax(-1) == 0).all()  # hidden floor -> floor
+    assert (out[n1 + n2 + 30:].argmax(-1) == 1).all()  # box bottom -> box
+    torch.testing.assert_close(out[n1 + n2:].norm(dim=-1), torch.ones(60))
+    # nothing observed within the radius: stays without a feature
+    out2, filled2 = fill_from_neighbours(means, colors, feats, observed, radius=1e-4)
+    assert not filled2.any() and torch.equal(out2, feats)

@@ -1,0 +1,93 @@
+"""rh3dgs.objective: the teacher-resolution comparison (an exact forward model scores 0), the switches, LIC."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rh3dgs.errors import ConfigError
+from rh3dgs.objective import ObjectiveConfig, SemanticObjective, teacher_grid
+
+
+def _render_like(B=2, H=16, W=16, d=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lat = torch.randn(B, H, W, d, generator=g)
+    alpha = torch.ones(B, H, W)
+    depth = torch.full((B, H, W), 2.0)
+    return lat, alpha, depth, depth * depth
+
+
+def test_teacher_grid():
+    assert teacher_grid(torch.zeros(3, 4, 4, 8), (16, 16)) == (4, 4)  # patch tokens: compare at the grid
+    assert teacher_grid(torch.zeros(16, 16, 8), (16, 16)) == (16, 16)
+    assert teacher_grid(torch.zeros(32, 32, 8), (16, 16)) == (16, 16)  # finer than the render: at the render
+
+
+def test_exact_forward_model_scores_zero_at_teacher_resolution():
+    """A teacher that IS the 4x4-pooled, decoded render: the teacher-resolution loss is 0, the image one is not."""
+    lat, alpha, d1, d2 = _render_like()
+    dec = torch.linalg.qr(torch.randn(8, 4))[0]
+    pooled = F.avg_pool2d(lat.permute(0, 3, 1, 2), 4).permute(0, 2, 3, 1)
+    teacher = F.normalize(pooled @ dec.T, dim=-1)  # [2, 4, 4, 8]
+    for use_vfm in (False, True):
+        cfg = ObjectiveConfig(use_vcd=False, use_vfm=use_vfm, use_lic=False, background_latent=False)
+        obj = SemanticObjective(cfg, latent_dim=4, steps=10)
+        loss, parts = obj(0, lat, alpha, d1, d2, dec, teacher)
+        assert abs(float(loss)) < 1e-5, (use_vfm, float(loss))
+        img = SemanticObjective(ObjectiveConfig(use_vcd=False, use_vfm=use_vfm, use_lic=False, resolution="image",
+                                                background_latent=False), 4, 10)
+        assert float(img(0, lat, alpha, d1, d2, dec, teacher)[0]) > 0.05
+
+
+def test_cosine_value_and_background_latent():
+    lat, alpha, d1, d2 = _render_like(B=1, H=2, W=2, d=2)
+    alpha = torch.tensor([[[1.0, 0.0], [1.0, 0.0]]])
+    lat = torch.tensor([[[[1.0, 0.0], [0.0, 0.0]], [[1.0, 0.0], [0.0, 0.0]]]])
+    dec = torch.eye(2)
+    teacher = torch.tensor([[[[0.0, 1.0]]]])  # one 1x1 grid cell: pooled = mean of the 4 pixels
+    cfg = ObjectiveConfig(use_vcd=False, use_vfm=False, use_lic=False)
+    obj = SemanticObjective(cfg, 2, 10)
+    # background latent 0: pooled = (0.5, 0) -> cos 0 -> loss 1
+    assert float(obj(0, lat, alpha, d1, d2, dec, teacher)[0]) == pytest.approx(1.0)
+    with torch.no_grad():
+        obj.background.copy_(torch.tensor([0.0, 3.0]))
+    # pooled = (0.5, 1.5) -> cos = 1.5 / sqrt(2.5)
+    assert float(obj(0, lat, alpha, d1, d2, dec, teacher)[0]) == pytest.approx(1 - 1.5 / math.sqrt(2.5), rel=1e-5)
+
+
+def test_spherical_latents_and_gradients_reach_latents():
+    obj = SemanticObjective(ObjectiveConfig(), 4, 10)
+    raw = torch.randn(5, 4) * 3
+    torch.testing.assert_close(obj.gaussian_latents(raw).norm(dim=-1), torch.ones(5))
+    assert torch.equal(obj.gaussian_latents(torch.zeros(2, 4)), torch.zeros(2, 4))
+    lat, alpha, d1, d2 = _render_like()
+    lat.requires_grad_(True)
+    teacher = F.normalize(torch.randn(2, 4, 4, 8), dim=-1)
+    loss, parts = obj(3, lat, alpha, d1, d2, torch.linalg.qr(torch.randn(8, 4))[0], teacher)
+    loss.backward()
+    assert lat.grad.abs().sum() > 0 and {"pix", "mean", "delta"} <= set(parts)
+
+
+def test_contrast_on_after_start_and_zero_before():
+    steps = 10
+    obj = SemanticObjective(ObjectiveConfig(lic_start=0.5), 4, steps)
+    g = torch.Generator().manual_seed(0)
+    means = torch.rand(300, 3, generator=g) * 0.2
+    lat = torch.randn(300, 4, generator=g, requires_grad=True)
+    dec = torch.linalg.qr(torch.randn(8, 4, generator=g))[0]
+    assert float(obj.contrast(2, lat, dec, means)) == 0.0
+    c = obj.contrast(6, lat, dec, means)
+    assert float(c) > 0
+    c.backward()
+    assert lat.grad.abs().sum() > 0
+    off = SemanticObjective(ObjectiveConfig(use_lic=False), 4, steps)
+    assert float(off.contrast(6, lat, dec, means)) == 0.0
+
+
+def test_config_errors():
+    with pytest.raises(ConfigError):
+        ObjectiveConfig(resolution="nope")
+    with pytest.raises(ConfigError):
+        ObjectiveConfig(lic_start=2.0)
+    assert ObjectiveConfig().label == "VCD + VFM + LIC"
+    assert ObjectiveConfig(use_vcd=False, use_vfm=False, use_lic=False).label == "cosine"

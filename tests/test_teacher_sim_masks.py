@@ -1,0 +1,76 @@
+"""rh3dgs.data.teacher_sim_masks: one embedding per mask, and each corruption does what it says."""
+import numpy as np
+import pytest
+import torch
+
+from rh3dgs.data.teacher_sim import make_prototypes
+from rh3dgs.data.teacher_sim_masks import MaskTeacherSimConfig, simulate_mask_feature_maps
+from rh3dgs.errors import ConfigError
+
+
+def _views(B=6, H=32, W=32):
+    """Instance 0 (class 0) fills the left half, instance 1 (class 1) a square on the right, background elsewhere."""
+    inst = torch.full((B, H, W), 255, dtype=torch.long)
+    inst[:, :, : W // 2] = 0
+    inst[:, 8:24, 20:28] = 1
+    return inst, inst.clone()
+
+
+def _clean(**kw):
+    base = dict(merge_rate=0.0, split_rate=0.0, miss_rate=0.0, failure_rate=0.0, context=0.0, noise_deg=0.0,
+                edge_jitter_px=0.0, dim=16)
+    base.update(kw)
+    return MaskTeacherSimConfig(**base)
+
+
+def test_clean_masks_are_the_prototypes_with_sharp_edges():
+    inst, cls = _views()
+    cfg = _clean()
+    f = simulate_mask_feature_maps(inst, cls, cfg, num_classes=2)
+    P = make_prototypes(2, cfg.prototype_config())
+    assert f.shape == (6, 32, 32, 16)
+    torch.testing.assert_close(f[0, 5, 3].double(), torch.from_numpy(P.classes[0]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(f[0, 10, 21].double(), torch.from_numpy(P.classes[1]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(f[0, 2, 30].double(), torch.from_numpy(P.background), atol=1e-6, rtol=0)
+    assert torch.equal(f, simulate_mask_feature_maps(inst, cls, cfg, num_classes=2))  # deterministic
+
+
+def test_miss_gives_zero_rows_and_failure_a_confuser():
+    inst, cls = _views(B=40)
+    f = simulate_mask_feature_maps(inst, cls, _clean(miss_rate=1.0), num_classes=2)
+    assert float(f.abs().max()) == 0.0
+    cfg = _clean(failure_rate=0.3, seed=3)
+    f = simulate_mask_feature_maps(inst, cls, cfg, num_classes=2)
+    P = make_prototypes(2, cfg.prototype_config())
+    sq = f[:, 10, 21].double() @ torch.from_numpy(P.classes).T  # the square's embedding per view
+    wrong = (sq.argmax(-1) == 0).float().mean()
+    assert 0.1 < float(wrong) < 0.5  # ~30 % of the views name the square "class 0"
+
+
+def test_merge_mixes_adjacent_masks_by_area():
+    inst, cls = _views(B=30)
+    inst[:, 8:24, 16:20] = 1  # make the square touch the left half
+    cls = inst.clone()
+    cfg = _clean(merge_rate=1.0)
+    f = simulate_mask_feature_maps(inst, cls, cfg, num_classes=2)
+    P = make_prototypes(2, cfg.prototype_config())
+    # every mask merged with a neighbour: the left half and the square share one embedding in some view
+    same = (f[:, 5, 3] - f[:, 10, 21]).abs().amax(-1) < 1e-6
+    assert same.any()
+    v = int(torch.nonzero(same)[0])
+    c0, c1 = float(f[v, 5, 3].double() @ torch.from_numpy(P.classes[0])), float(f[v, 5, 3].double() @ torch.from_numpy(P.classes[1]))
+    assert c0 > c1  # area-weighted: the left half (512 px) outweighs the square (192 px)
+
+
+def test_split_and_jitter_and_config():
+    inst, cls = _views(B=20)
+    f = simulate_mask_feature_maps(inst, cls, _clean(split_rate=1.0, noise_deg=10.0), num_classes=2)
+    top, bottom = f[:, 9, 24], f[:, 23, 24]
+    assert ((top - bottom).abs().amax(-1) > 1e-4).any()  # split halves get their own draws
+    j = simulate_mask_feature_maps(inst, cls, _clean(edge_jitter_px=2.0), num_classes=2)
+    c = simulate_mask_feature_maps(inst, cls, _clean(), num_classes=2)
+    diff = (j - c).abs().amax(-1) > 1e-6
+    assert 0 < float(diff.float().mean()) < 0.2  # only pixels near the boundaries move
+    with pytest.raises(ConfigError):
+        MaskTeacherSimConfig(merge_rate=1.5)
+    assert np.isclose(float(c.norm(dim=-1).min()), 1.0, atol=1e-5)
