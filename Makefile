@@ -1,23 +1,27 @@
 # rh3dgs developer entry points. Everything lives in a project-local .venv.
 #   make install  - .venv with pinned deps + rh3dgs editable with its compiled extension (idempotent)
 #   make demo     - run the main job on the embedded synthetic scene, print where results are
-#   make test     - the test suite (CPU)
+#   make test     - the test suite (CPU); first installs what it needs outside pip when missing
+#                   (chromium, node/npm, the browser driver: scripts/setup_system.sh test)
 #   make bench    - benchmarks with ratios (benchmarks/results/)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 DEPS_STAMP := $(VENV)/.deps-installed
 EXT_STAMP := $(VENV)/.rh3dgs-built
+# system packages (apt-get, sudo when not root) and the npm browser driver, only where missing
+SETUP := scripts/setup_system.sh
 NATIVE_SRC := $(wildcard csrc/*.cpp csrc/*.h csrc/cpu/*.cpp csrc/cuda/*.cu)
 # CUDA kernels: auto = when a GPU and nvcc are present (see setup.py)
 RH3DGS_BUILD_CUDA ?= auto
 export RH3DGS_BUILD_CUDA
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo test test-fast test-setup bench clean
 
 install: $(EXT_STAMP)
 
 $(DEPS_STAMP): requirements.txt
+	@PYTHON=$(PYTHON) $(SETUP) build
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade "pip>=24" wheel setuptools
 	$(PY) -m pip install -r requirements.txt
@@ -30,11 +34,14 @@ $(EXT_STAMP): $(DEPS_STAMP) setup.py $(NATIVE_SRC)
 demo: install
 	$(VENV)/bin/rh3dgs demo --output outputs/demo --overwrite
 
-test: install
+test: install test-setup
 	$(PY) -m pytest -q tests
 
-test-fast: install
+test-fast: install test-setup
 	$(PY) -m pytest -q -m "not slow" tests
+
+test-setup:
+	@$(SETUP) test
 
 bench: install
 	$(PY) benchmarks/run_all.py

@@ -6,22 +6,43 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Optional, Tuple
 
 import numpy as np
+import pytest
 
 BROWSER_DIR = Path(__file__).resolve().parent / "browser"
+SETUP = "`make test` installs it (scripts/setup_system.sh test; see the README's set-up section)"
 
 
-def browser_ready():
-    """(chromium path, "") when chromium, node and playwright-core are installed, else (None, why)."""
-    chromium = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
+def find_chromium() -> Optional[str]:
+    """``$RH3DGS_CHROMIUM`` when set (None unless it is an executable), else ``chromium`` on PATH."""
+    exe = os.environ.get("RH3DGS_CHROMIUM")
+    if exe:
+        return exe if os.path.isfile(exe) and os.access(exe, os.X_OK) else None
+    return shutil.which("chromium")
+
+
+def browser_ready() -> Tuple[Optional[str], str]:
+    """(chromium path, "") when chromium, node and the driver (playwright-core) are installed, else (None, why)."""
+    chromium = find_chromium()
     if chromium is None:
-        return None, "Debian chromium is not installed (apt-get install -y chromium)"
+        exe = os.environ.get("RH3DGS_CHROMIUM")
+        what = f"RH3DGS_CHROMIUM={exe} is not an executable" if exe else "Debian chromium is not installed (no `chromium` on PATH)"
+        return None, f"{what}: {SETUP}"
     if shutil.which("node") is None:
-        return None, "node is not installed"
-    if not (BROWSER_DIR / "node_modules" / "playwright-core").exists():
-        return None, "playwright-core is not installed (npm ci --prefix tests/browser)"
+        return None, f"node is not installed: {SETUP}"
+    if not (BROWSER_DIR / "node_modules" / "playwright-core").is_dir():
+        return None, f"the browser driver (playwright-core, tests/browser/node_modules) is not installed: {SETUP}"
     return chromium, ""
+
+
+def require_browser() -> str:
+    """The chromium path for a browser test; the test FAILS (never skips) with the reason when one is missing."""
+    chromium, why = browser_ready()
+    if chromium is None:
+        pytest.fail(f"browser test cannot run: {why}", pytrace=False)
+    return chromium
 
 
 def run_driver(script: str, args, chromium: str, timeout: float) -> dict:

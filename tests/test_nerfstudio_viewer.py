@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from _browser import browser_ready, decode_turbo, run_driver, stop_server
+from _browser import decode_turbo, require_browser, run_driver, stop_server
 import torch
 
 pytest.importorskip("nerfstudio")
@@ -291,9 +291,7 @@ def _turbo_lut():
 def test_ns_viewer_text_query_in_headless_chromium(tmp_path):
     from PIL import Image
 
-    chromium, why = browser_ready()
-    if chromium is None:
-        pytest.skip(why)
+    chromium = require_browser()
     env = _ns_env()
     data = _make_dataset(tmp_path / "scene", views=8, size=64, density=6000.0)
     out = tmp_path / "outputs"

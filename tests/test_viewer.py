@@ -1,7 +1,7 @@
 """`rh3dgs view`: controls logic, camera conversion, bad input, and (slow) a headless-chromium run.
 
-The browser test needs Debian's chromium (`apt-get install -y chromium`) and playwright-core
-(`npm ci --prefix tests/browser`); it is skipped with the reason when either is missing.
+The browser test needs Debian's chromium and playwright-core (tests/browser/package-lock.json),
+both installed by `make test` (scripts/setup_system.sh test); it fails with the reason when either is missing.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _browser import browser_ready, decode_turbo, run_driver, stop_server
+from _browser import decode_turbo, require_browser, run_driver, stop_server
 import torch
 
 import rh3dgs
@@ -411,9 +411,7 @@ def test_view_in_headless_chromium(tmp_path):
     from rh3dgs.viewer.camera import cameras_from_viser
     from rh3dgs.viewer.server import initial_pose
 
-    chromium, why = browser_ready()
-    if chromium is None:
-        pytest.skip(why)
+    chromium = require_browser()
     env = dict(os.environ, OMP_NUM_THREADS="1", RH3DGS_QUIET="1")
     demo = tmp_path / "demo"
     subprocess.run([sys.executable, "-c", "import sys; from rh3dgs.cli import main; sys.exit(main())", "demo",

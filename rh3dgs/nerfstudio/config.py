@@ -18,7 +18,6 @@ import torch
 from torch.optim import lr_scheduler
 
 from nerfstudio.configs.base_config import LoggingConfig, ViewerConfig
-from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
 from nerfstudio.engine.optimizers import AdamOptimizerConfig
 from nerfstudio.engine.schedulers import ExponentialDecayScheduler
 from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig as _NSExponentialDecaySchedulerConfig
@@ -28,6 +27,7 @@ from nerfstudio.plugins.types import MethodSpecification
 from ..lic import LICConfig
 from ..vfm import VFMConfig
 from .datamanager import Rh3dgsDataManagerConfig
+from .dataparser import Rh3dgsDataParserConfig
 from .model import Rh3dgsModelConfig
 from .pipeline import Rh3dgsPipelineConfig
 from .trainer import Rh3dgsTrainerConfig
@@ -93,7 +93,7 @@ def rh3dgs_config() -> TrainerConfig:
         mixed_precision=False,
         pipeline=Rh3dgsPipelineConfig(
             datamanager=Rh3dgsDataManagerConfig(
-                dataparser=NerfstudioDataParserConfig(load_3D_points=True),
+                dataparser=Rh3dgsDataParserConfig(),  # seed points via plyfile (no open3d)
                 cache_images_type="uint8",
             ),
             model=Rh3dgsModelConfig(
@@ -109,7 +109,7 @@ def rh3dgs_config() -> TrainerConfig:
 
 
 def rh3dgs_lite_config() -> TrainerConfig:
-    """CPU-sized preset: 300 steps, no image pyramid, <= 4k seed points, black background,
+    """CPU-sized preset: 300 steps, no image pyramid, <= 4k seed points (4k random ones without), black background,
     densification between steps 60 and 200 (threshold 4e-4), semantic ramp 60 steps, LIC from step 150, delta annealed over 240."""
     steps = 300
     return Rh3dgsTrainerConfig(
@@ -123,11 +123,12 @@ def rh3dgs_lite_config() -> TrainerConfig:
         logging=LoggingConfig(steps_per_log=50),
         pipeline=Rh3dgsPipelineConfig(
             datamanager=Rh3dgsDataManagerConfig(
-                dataparser=NerfstudioDataParserConfig(load_3D_points=True),
+                dataparser=Rh3dgsDataParserConfig(),  # seed points via plyfile (no open3d)
                 cache_images_type="uint8",
             ),
             model=Rh3dgsModelConfig(
                 max_init_points=4000,
+                num_random=4000,  # no seed points: 4k random Gaussians, not splatfacto's 50k
                 background_color="black",  # the synthetic scenes' background; "random" for real captures
                 densify_grad_thresh=0.0004,
                 num_downscales=0,
