@@ -115,8 +115,8 @@ if [[ " ${GROUPS_WANTED[*]} " == *" test "* ]]; then
   stamp=tests/browser/node_modules/.rh3dgs-package-lock.json  # copy of the lock npm ci installed
   if ! cmp -s "$lock" "$stamp"; then
     [ "$DRY_RUN" = 1 ] || say "installing the browser driver from $lock (npm ci)"
-    run npm ci --prefix tests/browser --no-audit --no-fund --engine-strict \
-      || { say "npm ci failed (above); the browser driver needs the node version $lock asks for"; exit 1; }
+    run npm ci --prefix tests/browser --no-audit --no-fund \
+      || { say "npm ci failed (above): the browser driver named in $lock could not be installed"; exit 1; }
     run cp "$lock" "$stamp"
   fi
 fi

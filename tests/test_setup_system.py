@@ -80,7 +80,7 @@ def test_dry_run_prints_the_install_and_changes_nothing(sandbox):
     assert "rh3dgs set-up: missing chromium (headless browser of the browser tests)" in err
     assert "+ apt-get update -qq" in err
     assert "+ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium\n" in err
-    assert "+ npm ci --prefix tests/browser --no-audit --no-fund --engine-strict" in err
+    assert "+ npm ci --prefix tests/browser --no-audit --no-fund" in err
     assert log == [] and not sandbox.chromium.exists() and not (sandbox.repo / "tests/browser/node_modules").exists()
 
 
@@ -111,7 +111,7 @@ def test_installs_what_is_missing_then_nothing(sandbox):
     rc, err, log = sandbox("test")
     assert rc == 0, err
     assert log == ["apt-get update -qq", "apt-get install -y -qq chromium",
-                   "npm ci --prefix tests/browser --no-audit --no-fund --engine-strict"]
+                   "npm ci --prefix tests/browser --no-audit --no-fund"]
     nm = sandbox.repo / "tests/browser/node_modules"
     assert (nm / "playwright-core").is_dir() and sandbox.chromium.exists()
     assert (nm / ".rh3dgs-package-lock.json").read_bytes() == (nm.parent / "package-lock.json").read_bytes()
@@ -122,12 +122,12 @@ def test_installs_what_is_missing_then_nothing(sandbox):
     lock = nm.parent / "package-lock.json"
     lock.write_text(lock.read_text().replace('"requires": true', '"requires": true '))
     rc, err, log = sandbox("test")
-    assert rc == 0 and log == ["npm ci --prefix tests/browser --no-audit --no-fund --engine-strict"]
+    assert rc == 0 and log == ["npm ci --prefix tests/browser --no-audit --no-fund"]
     # an empty node_modules (deleted by hand) -> npm ci again
     shutil.rmtree(nm)
     nm.mkdir()
     rc, err, log = sandbox("test")
-    assert rc == 0 and log == ["npm ci --prefix tests/browser --no-audit --no-fund --engine-strict"]
+    assert rc == 0 and log == ["npm ci --prefix tests/browser --no-audit --no-fund"]
 
 
 def test_apt_get_failure_names_the_packages(sandbox):
