@@ -5,36 +5,25 @@ alpha_i T_i(u) and VCD reliability w_bar_v(u), the lifted feature is
 
     mu_i = argmin_mu  sum_{v,u} alpha_i T_i(u) w_bar_v(u) rho_delta( d(mu, z_v(u)) )
 
-computed by Huber-IRLS on the sphere: start from the normalised weighted Euclidean mean,
-then each pass over the views accumulates (native op ``aggregate_sphere``, nothing per
-pair stored) sum omega and sum omega Log_mu(z) and steps mu <- Exp_mu(sum omega Log / sum omega).
-Teacher maps are requested one view chunk at a time (a callable can stream them from
-the cache), so memory is O(N D + views_per_batch H W D); nothing is O(N x views).
+The algorithm (:func:`lift`):
 
-Caching across passes (the IRLS passes see the same projections, pixel weights and maps):
-  * full: every view's projection, weights and maps (``cache_projections``; by default when
-    that fits in ~2 GB, i.e. small scenes). On CPU the initial pass also records the (pixel,
-    Gaussian) contributions it visits (``aggregate_sphere(record=True)``, ~13 bytes each, up to
-    ~1 GB) and the IRLS passes replay them (``aggregate_sphere_replay``): the same sums, bit for
-    bit, without compositing the views again, so an IRLS pass costs only its D-dimensional work;
-  * compact (``compact_cache``; by default when the full cache does not fit and there are
-    IRLS passes): per view only the Gaussians that can matter - those that composite onto a
-    pixel of weight > 0 (contributors), plus those that *end* such a pixel (alpha >= 1/255 where
-    the transmittance would fall to 1e-4; found by a second pass with the contributors'
-    opacity set to 0, where they are the first to composite there). Every other Gaussian of
-    the view is skipped by the alpha rule, hidden behind a pixel that already ended, or only
-    on weight-0 pixels, so the aggregation over the compact set is exactly the same per view
-    (bit-identical sums per view; only the order of the sum over views differs from the
-    full path). At 1M random Gaussians x 64x64 views a view keeps ~10 % of them, so an IRLS
-    pass costs ~1/7 of the first one (which projects every Gaussian in every view).
-    Views that do not fit the budget (~2 GB) are recomputed every pass;
-  * none (``cache_projections=False, compact_cache=False``): everything recomputed every pass.
+1. **Initial pass**: the normalised weighted Euclidean mean, ``mu_i = normalize(sum w z)``, with per Gaussian
+   its total weight and its mean transmittance where it composites (``visibility``).
+2. **Validity**: Gaussians with too little weight, or seen only through the surfaces in front of them
+   (visibility < ``min_visibility``), get no feature from the views.
+3. **IRLS passes** (method "robust": Huber ``delta``; "karcher": delta = inf): each pass accumulates
+   sum omega and sum omega Log_mu(z), omega = w min(1, delta / d(mu, z)), and steps
+   mu <- Exp_mu(sum omega Log / sum omega), until the 99th percentile of the step angles is below ``tol``.
+4. **Filling**: Gaussians without a feature take their observed 3D neighbours' (:func:`fill_from_neighbours`).
+5. **Decoder**: uncentred weighted PCA of the features (:func:`pca_decoder`): latents and a linear decoder.
 
-Ablation baselines behind the same call (``LiftConfig.method``):
-  * "robust"    - VCD weights + Huber-IRLS Frechet mean (ours);
-  * "karcher"   - Karcher mean (delta = inf) with the same weights;
-  * "euclidean" - weighted Euclidean mean, then normalise (LUDVIG / gradient back-projection);
-and ``use_vcd=False`` gives uniform pixel weights (no VCD).
+Each pass is one call of :meth:`rh3dgs.lift_views.LiftViews.aggregate`, which streams the views (teacher
+maps at any resolution, renders, VCD pixel weights) and keeps what fits between passes; nothing is
+stored per (pixel, Gaussian) pair beyond those caches.
+
+Ablation baselines behind the same call (``LiftConfig.method``): "robust" (ours), "karcher" (delta =
+inf, same weights), "euclidean" (weighted Euclidean mean, then normalise: LUDVIG / gradient
+back-projection); ``use_vcd=False`` gives uniform pixel weights (no VCD).
 """
 from __future__ import annotations
 
@@ -49,11 +38,9 @@ from torch import Tensor
 from .cameras import Cameras
 from .errors import ConfigError
 from .gaussians import Gaussians
-from .ops import Contributions, aggregate_sphere, aggregate_sphere_replay
-from .progress import track
-from .rendering import Projection, render
-from .teachers.maps import TeacherMaps, get_map, map_dim, prepare_map
-from .vcd import VCDConfig, pixel_weights
+from .lift_views import LiftViews
+from .teachers.maps import TeacherMaps
+from .vcd import VCDConfig
 
 __all__ = ["LiftConfig", "LiftResult", "lift", "pca_decoder", "fill_from_neighbours"]
 
@@ -65,11 +52,13 @@ class LiftConfig:
     """"robust" (Huber-IRLS), "karcher" (delta = inf) or "euclidean" (normalised weighted mean)."""
     use_vcd: bool = True
     """Weight pixels by VCD reliability (False: uniform weights on covered pixels)."""
-    vcd: VCDConfig = field(default_factory=VCDConfig)
+    vcd: VCDConfig = field(default_factory=VCDConfig.rh3dgs)
     """VCD settings (feature edges use the teacher map of the view)."""
-    delta: float = 0.35
-    """Huber threshold in radians (~20 degrees): residuals beyond it count linearly."""
-    iters: int = 3
+    delta: float = 0.2
+    """Huber threshold in radians (~11 degrees): residuals beyond it count linearly. On development draws
+    0.35 suited patch-token teachers (their samples are blends, not outliers) and 0.1-0.15 mask teachers
+    (whose errors are whole-mask outliers) best; 0.2 is within ~0.5 mIoU of the best for both."""
+    iters: int = 5
     """Maximum IRLS passes over all views after the initial Euclidean pass. On the synthetic
     benchmark 3 passes leave a mean angle of ~1e-3 rad (99th percentile ~1e-2) to the
     converged robust mean; each pass costs about one render of the views with D channels."""
@@ -217,66 +206,6 @@ def fill_from_neighbours(means: Tensor, colors: Tensor, features: Tensor, observ
     return out, filled
 
 
-_CACHE_BYTES = 2e9  # budget of the caches across passes
-
-
-def _view_projection(proj: Projection, b: int, n: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """View b of a chunk's projection: means2d [1,N,2], conics [1,N,3], opacities [1,N], offsets [1,TH,TW], ids."""
-    offs = proj.isect_offsets
-    start = int(offs[b].reshape(-1)[0])
-    end = int(offs[b + 1].reshape(-1)[0]) if b + 1 < offs.shape[0] else proj.flatten_ids.numel()
-    return (proj.means2d[b:b + 1], proj.conics[b:b + 1], proj.opacities[b:b + 1], offs[b:b + 1] - start,
-            proj.flatten_ids[start:end] - b * n)
-
-
-@dataclass
-class _CompactView:
-    """The Gaussians ``gids`` of one view that can matter to the aggregation, with their projection."""
-
-    gids: Tensor  # [K] int32 indices into the scene
-    means2d: Tensor  # [1, K, 2]
-    conics: Tensor  # [1, K, 3]
-    opacities: Tensor  # [1, K]
-    offsets: Tensor  # [1, TH, TW] int32
-    flatten_ids: Tensor  # [M] int32 (compact indices)
-    weights: Tensor  # [1, H, W]
-    view: int
-    maps: Optional[Tensor] = None  # the teacher map as given [h, w, D] or, if smaller, prepared [1, H, W, D]
-    maps_prepared: bool = False
-
-    def nbytes(self) -> int:
-        ts = [self.gids, self.means2d, self.conics, self.opacities, self.offsets, self.flatten_ids, self.weights]
-        return sum(t.numel() * t.element_size() for t in ts)
-
-
-def _compact_view(proj: Projection, b: int, n: int, weights: Tensor, view: int) -> _CompactView:
-    """Keep the contributors of view b (on pixels with weight > 0) and the Gaussians that end those pixels."""
-    means2d, conics, opac, offs, fids = _view_projection(proj, b, n)
-    open_px = (weights > 0).float()  # [1, H, W]: the pixels the aggregation visits
-    one = open_px[..., None]  # unit 1-channel "features": acc_raw = sum alpha T over open pixels
-    dev = means2d.device
-    if fids.numel() == 0:
-        keep = torch.zeros(n, dtype=torch.bool, device=dev)
-    else:
-        raw = aggregate_sphere(means2d, conics, opac, one, open_px, offs, fids, proj.tile_size, mode="init")[2]
-        contrib = raw > 0  # alpha T >= 3.9e-7 per pair: no underflow
-        # With the contributors transparent, the first Gaussian to composite onto an open pixel
-        # that ended is the one that ended it (those in front of it there have alpha < 1/255).
-        opac2 = opac * (~contrib).to(opac.dtype)[None]
-        raw2 = aggregate_sphere(means2d, conics, opac2, one, open_px, offs, fids, proj.tile_size, mode="init")[2]
-        keep = contrib | (raw2 > 0)
-    gids = torch.nonzero(keep).reshape(-1).int()
-    remap = torch.full((n,), -1, dtype=torch.int32, device=dev)
-    remap[gids] = torch.arange(len(gids), dtype=torch.int32, device=dev)
-    f = fids.long()
-    sel = keep[f]
-    prefix = torch.zeros(f.numel() + 1, dtype=torch.int64, device=dev)
-    prefix[1:] = torch.cumsum(sel, 0)
-    new_offs = prefix[offs.long()].int()  # kept intersections before each tile's start (order unchanged)
-    return _CompactView(gids, means2d[:, gids].contiguous(), conics[:, gids].contiguous(),
-                        opac[:, gids].contiguous(), new_offs, remap[f[sel]], weights, view)
-
-
 def _sphere_exp_(mu: Tensor, v: Tensor) -> Tensor:
     """:func:`rh3dgs.sphere.sphere_exp` computed in the memory of ``mu`` and ``v`` (both overwritten;
     the same operations, so the same bits). Returns ``mu``."""
@@ -326,141 +255,8 @@ def lift(
     cfg = cfg or LiftConfig()
     t0 = time.perf_counter()
     B, N = len(cameras), len(gaussians)
-    H, W = int(cameras.height), int(cameras.width)
-    dev = gaussians.device
-    ones = torch.ones(N, 1, device=dev)
-    per_batch = max(1, min(cfg.views_per_batch, cfg.max_batch_gaussians // max(N, 1)))
-    chunks = [list(range(s, min(s + per_batch, B))) for s in range(0, B, per_batch)]
-    if cfg.cache_projections is None:
-        # projection (~40 B / Gaussian / view) + weights + upsampled teacher maps (the stream's memory bound)
-        cache = B * N * 40 + B * H * W * 4 * (1 + map_dim(teacher_maps)) < _CACHE_BYTES
-    else:
-        cache = cfg.cache_projections
-    irls = cfg.method != "euclidean" and cfg.iters > 0
-    footprint = cfg.teacher_footprint  # None: read off the first map the stream gives (below)
-    compact = (not cache) and (irls if cfg.compact_cache is None else cfg.compact_cache)
-    cached: Dict[int, tuple] = {}
-    # full cache on CPU: the contributions the initial pass visits, per chunk, replayed by the IRLS
-    # passes instead of compositing the views again (bit-identical sums; ~13 bytes per contribution)
-    recorded: Dict[int, Contributions] = {}
-    record = cache and irls and dev.type == "cpu" and cfg.record_contributions is not False
-    recorded_bytes = 0
-    compacts: Dict[int, List[_CompactView]] = {}
-    cached_bytes = 0
-    kept: List[int] = []
-
-    def get_maps(idx: List[int], raws: Optional[List[Tensor]] = None) -> Tensor:
-        """[b, H, W, D] unit maps of views idx (``raws``: also collect the maps as given)."""
-        out = []
-        nonlocal footprint
-        for i in idx:
-            m = get_map(teacher_maps, i)
-            if footprint is None:  # a map coarser than the render: each cell describes a footprint of pixels
-                h, w = m.shape[:2]
-                footprint = max(H / h, W / w) if (h < H or w < W) else 0.0
-            if raws is not None:
-                raws.append(m)
-            out.append(prepare_map(m, (H, W), i))
-        return torch.stack(out).to(dev)
-
-    def view_map(v: _CompactView) -> Tensor:
-        return v.maps if v.maps_prepared else prepare_map(v.maps, (H, W), v.view)[None].to(dev)
-
-    raws: List[Tensor] = []  # the maps of the chunk just rendered, as given (for the compact cache)
-
-    def view_chunk(ci: int):
-        """(projection, pixel weights [b,H,W], teacher maps [b,H,W,D]) of chunk ci."""
-        if ci in cached:
-            return cached[ci]
-        idx = chunks[ci]
-        raws.clear()
-        maps = get_maps(idx, raws if compact else None)
-        with torch.no_grad():
-            r = render(gaussians, cameras[idx], ones, rgb=False, tile_size=cfg.tile_size)
-        w = pixel_weights(r.alpha, r.d1, r.d2, maps, use_vcd=cfg.use_vcd, vcd=cfg.vcd, min_coverage=cfg.min_coverage,
-                          footprint=footprint)
-        if cache:
-            cached[ci] = (r.projection, w, maps)
-        return r.projection, w, maps
-
-    def compact_chunk(ci: int, proj: Projection, w: Tensor, maps: Tensor) -> None:
-        """First pass, compact mode: keep chunk ci's compact views if they fit in the budget."""
-        nonlocal cached_bytes
-        views = [_compact_view(proj, b, N, w[b:b + 1].clone(), i) for b, i in enumerate(chunks[ci])]
-        nb = sum(v.nbytes() for v in views)
-        if cached_bytes + nb > _CACHE_BYTES:
-            return  # recomputed in every pass
-        kept.extend(len(v.gids) for v in views)
-        # the maps as given (usually at patch resolution) when smaller than the upsampled ones
-        keep_maps = [r.clone() if r.numel() < maps[b].numel() else maps[b:b + 1].clone() for b, r in enumerate(raws)]
-        map_bytes = sum(m.numel() * m.element_size() for m in keep_maps)
-        if cached_bytes + nb + map_bytes <= _CACHE_BYTES:
-            for v, m in zip(views, keep_maps):
-                v.maps, v.maps_prepared = m, m.dim() == 4
-            nb += map_bytes
-        compacts[ci] = views
-        cached_bytes += nb
-
-    def one_pass(mode: str, mu: Optional[Tensor], delta: float, desc: str):
-        nonlocal recorded_bytes
-        acc: List[Tensor] = []
-
-        def add(a, gids: Optional[Tensor] = None) -> None:
-            if gids is None and not acc:
-                acc.extend(a)
-                return
-            if not acc:
-                acc.extend(x.new_zeros((N, *x.shape[1:])) for x in a)
-            for t, x in zip(acc, a):
-                if gids is None:
-                    t.add_(x)
-                else:
-                    t.index_add_(0, gids, x)
-
-        def add_compact(views: List[_CompactView], maps: Optional[Tensor]) -> None:
-            for b, v in enumerate(views):
-                if len(v.gids) == 0:
-                    continue
-                m = view_map(v) if v.maps is not None else maps[b:b + 1]
-                gids = v.gids.long()  # index_select / index_add_ are fastest with int64 indices
-                add(aggregate_sphere(v.means2d, v.conics, v.opacities, m, v.weights, v.offsets, v.flatten_ids,
-                                     cfg.tile_size, mu=None if mu is None else mu.index_select(0, gids),
-                                     delta=delta, mode=mode), gids)
-
-        for ci in track(range(len(chunks)), description=desc, disable=not progress):
-            if ci in recorded:
-                add(aggregate_sphere_replay(recorded[ci], cached[ci][2], mu, delta, mode))
-                continue
-            if ci in compacts:
-                views = compacts[ci]
-                add_compact(views, None if all(v.maps is not None for v in views) else get_maps(chunks[ci]))
-                continue
-            proj, w, maps = view_chunk(ci)
-            if mode == "init" and compact:
-                compact_chunk(ci, proj, w, maps)
-            if ci in compacts:  # aggregate from the compact views: the same per-view sums
-                del proj, w
-                add_compact(compacts[ci], maps)
-            elif record and mode == "init" and recorded_bytes < _CACHE_BYTES / 2:
-                *sums, contrib = aggregate_sphere(proj.means2d, proj.conics, proj.opacities, maps, w,
-                                                  proj.isect_offsets, proj.flatten_ids, proj.tile_size, mode=mode,
-                                                  record=True)
-                add(sums)
-                if recorded_bytes + contrib.nbytes() <= _CACHE_BYTES / 2:
-                    recorded[ci] = contrib
-                    recorded_bytes += contrib.nbytes()
-                del proj, w, contrib
-            else:
-                add(aggregate_sphere(proj.means2d, proj.conics, proj.opacities, maps, w, proj.isect_offsets,
-                                     proj.flatten_ids, proj.tile_size, mu=mu, delta=delta, mode=mode))
-                del proj, w  # before the next chunk is rendered
-            del maps
-        if not acc:  # no views, or no Gaussian seen
-            D = map_dim(teacher_maps)
-            acc.extend([torch.zeros(N, device=dev), torch.zeros(N, D, device=dev), torch.zeros(N, device=dev)])
-        return acc[0], acc[1], acc[2]
-
-    weight, acc_v, mass = one_pass("init", None, math.inf, "lift: initial mean")
+    views = LiftViews(gaussians, cameras, teacher_maps, cfg)  # the view stream and its caches across passes
+    weight, acc_v, mass = views.aggregate("init", description="lift: initial mean", progress=progress)
     visibility = weight / mass.clamp_min(1e-30)
     valid = (weight >= cfg.min_weight) & (visibility >= cfg.min_visibility)
     mu = torch.nn.functional.normalize(acc_v, dim=-1) * valid[:, None]
@@ -468,7 +264,7 @@ def lift(
     if cfg.method != "euclidean":
         delta = cfg.delta if cfg.method == "robust" else math.inf
         for it in range(cfg.iters):
-            acc_w, acc_v, _ = one_pass("irls", mu, delta, f"lift: IRLS pass {it + 1}")
+            acc_w, acc_v, _ = views.aggregate("irls", mu, delta, f"lift: IRLS pass {it + 1}", progress)
             step = acc_v.div_(acc_w.clamp_min(1e-12)[:, None]).mul_(valid[:, None])  # in place: N x D floats each
             del acc_v
             norms = step.norm(dim=-1)[valid]
@@ -477,9 +273,7 @@ def lift(
             steps.append(q_step)
             if q_step < cfg.tol:
                 break
-    with_maps = sum(v.maps is not None for views in compacts.values() for v in views)
-    n_recorded = len(recorded)
-    cached.clear(), compacts.clear(), raws.clear(), recorded.clear()  # before the PCA's N x D temporaries
+    view_info = views.release()  # before the PCA's N x D temporaries
     observed = valid
     filled = torch.zeros_like(valid)
     if cfg.fill and N > 0:
@@ -494,12 +288,5 @@ def lift(
     info = {"method": cfg.method, "use_vcd": cfg.use_vcd, "passes": 1 + len(steps), "step_quantile_per_pass": steps,
             "seconds": time.perf_counter() - t0, "views": B, "gaussians": N, "valid": int(valid.sum()),
             "observed": int(observed.sum()), "filled": int(filled.sum()),
-            "hidden": int(((weight >= cfg.min_weight) & ~observed).sum()),
-            "views_per_batch": per_batch, "cache": "full" if cache else ("compact" if compact else "none"),
-            "recorded_chunks": n_recorded, "recorded_bytes": int(recorded_bytes)}
-    if compact:
-        info["compact_views"] = len(kept)
-        info["compact_views_with_maps"] = with_maps
-        info["compact_gaussians_per_view"] = float(sum(kept) / max(1, len(kept)))
-        info["cache_bytes"] = int(cached_bytes)
+            "hidden": int(((weight >= cfg.min_weight) & ~observed).sum()), **view_info}
     return LiftResult(mu, weight, visibility, valid, latents, decoder, info, filled)

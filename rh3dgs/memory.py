@@ -85,7 +85,8 @@ __all__ = [
 
 SizeLike = Union[int, float, str, None]
 
-_CACHE_BYTES = 2e9  # rh3dgs.lifting's budget for the caches across passes (same constant, tested)
+CACHE_BYTES = 2e9  # the lift's budget for its caches across passes (rh3dgs.lift_views)
+_CACHE_BYTES = CACHE_BYTES
 _CONTRIBUTIONS_PER_PIXEL = 20  # assumed for the recorded contributions (17 measured on dense surfaces)
 _MAX_LIMIT = contextvars.ContextVar("rh3dgs_max_memory", default=None)
 ENV_MAX_MEMORY = "RH3DGS_MAX_MEMORY"
@@ -252,6 +253,18 @@ def _opt(cfg: Any, name: str, default: Any) -> Any:
     return default if cfg is None else getattr(cfg, name, default)
 
 
+class _Overrides:
+    """``cfg`` (any object with some of ``defaults``' fields) with some attributes replaced."""
+
+    def __init__(self, cfg: Any, defaults: Any, **over: Any):
+        self._cfg, self._defaults, self._over = cfg, defaults, over
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._over:
+            return self._over[name]
+        return getattr(self._cfg, name, getattr(self._defaults, name))
+
+
 def lift_memory_estimate(n: int, views: int, height: int, width: int, dim: int, views_per_batch: Optional[int] = None,
                          threads: int = 0, max_batch_gaussians: Optional[int] = None, *, cfg: Any = None,
                          device: str = "cpu") -> MemoryEstimate:
@@ -269,7 +282,12 @@ def lift_memory_estimate(n: int, views: int, height: int, width: int, dim: int, 
     t = threads or torch.get_num_threads()
     vpb = int(views_per_batch if views_per_batch is not None else _opt(cfg, "views_per_batch", 8))
     mbg = int(max_batch_gaussians if max_batch_gaussians is not None else _opt(cfg, "max_batch_gaussians", 4_000_000))
-    per_batch = max(1, min(vpb, mbg // max(n, 1)))  # lifting.py's rule
+    from .lift_views import cache_plan  # the lift's own rules
+    from .lifting import LiftConfig
+
+    plan = cache_plan(n, views, height, width, dim,
+                      _Overrides(cfg, LiftConfig(), views_per_batch=vpb, max_batch_gaussians=mbg), torch.device(device))
+    per_batch = plan.views_per_batch
     b = max(1, min(per_batch, views))
     hw = height * width
     detail = {
@@ -284,18 +302,11 @@ def lift_memory_estimate(n: int, views: int, height: int, width: int, dim: int, 
     recorded = int(min(_CACHE_BYTES / 2, views * hw * _CONTRIBUTIONS_PER_PIXEL * 13))
     cached = streaming + views * (n * 56 + hw * (dim + 1) * 4) + recorded
     compact = int(min(_CACHE_BYTES, views * (n * 36 + hw * (dim + 1) * 4)))
-    full_rule = views * n * 40 + views * hw * 4 * (1 + dim) < _CACHE_BYTES  # rh3dgs.lifting's rule
-    cache_projections = _opt(cfg, "cache_projections", None)
-    full = full_rule if cache_projections is None else bool(cache_projections)
-    irls = _opt(cfg, "method", "robust") != "euclidean" and int(_opt(cfg, "iters", 3)) > 0
-    compact_cfg = _opt(cfg, "compact_cache", None)
-    use_compact = (not full) and (irls if compact_cfg is None else bool(compact_cfg))
-    record = full and irls and str(device).startswith("cpu") and _opt(cfg, "record_contributions", None) is not False
+    full, record = plan.cache == "full", plan.record
     if full and not record:
         cached -= recorded
         recorded = 0
-    mode = "full" if full else ("compact" if use_compact else "none")
-    return MemoryEstimate(streaming, cached, detail, compact, full, mode, per_batch, recorded if full else 0)
+    return MemoryEstimate(streaming, cached, detail, compact, full, plan.cache, per_batch, recorded if full else 0)
 
 
 def _detail_text(est: MemoryEstimate) -> str:

@@ -63,9 +63,10 @@ class ObjectiveConfig:
 
     use_vcd: bool = True
     """Weight pixels by VCD reliability (False: uniform on covered pixels with a teacher feature)."""
-    vcd: VCDConfig = field(default_factory=lambda: VCDConfig(edge_features=False))
-    """VCD settings. Feature edges are off by default: a small object is a feature bump with edges all
-    around, so teacher-feature edges down-weight exactly the views that see it (docs/method.md)."""
+    vcd: VCDConfig = field(default_factory=VCDConfig.rh3dgs)
+    """VCD settings (:meth:`rh3dgs.vcd.VCDConfig.rh3dgs`: the footprint purity as the edge term, no feature
+    edges: a small object is a feature bump with edges all around, so teacher-feature edges down-weight
+    exactly the views that see it; docs/method.md)."""
     use_vfm: bool = True
     """Geodesic Huber pixel term + robust Frechet-mean term (False: 1 - cosine)."""
     vfm: Optional[VFMConfig] = None

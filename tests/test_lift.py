@@ -116,7 +116,7 @@ def test_compact_cache_is_exact(use_vcd):
 def test_compact_cache_needs_the_pixel_ending_gaussians(monkeypatch):
     """Keeping only the contributors would change the result: dropped Gaussians that end a pixel
     let the ones behind them composite there. Guards the second pass of the compaction."""
-    import rh3dgs.lifting as lift_mod
+    import rh3dgs.lift_views as lift_mod
 
     gs, cams, maps = _dense_scene(seed=4)
     cfg = LiftConfig(iters=2, views_per_batch=1, cache_projections=False, latent_dim=0)
@@ -141,7 +141,7 @@ def test_compact_cache_needs_the_pixel_ending_gaussians(monkeypatch):
 @pytest.mark.parametrize("budget", ["nothing", "half", "all but the last maps", "all"])
 def test_compact_cache_budget(monkeypatch, budget):
     """Views whose compact data do not fit are recomputed each pass; maps that do not fit are requested again."""
-    import rh3dgs.lifting as lift_mod
+    import rh3dgs.lift_views as lift_mod
 
     gs, cams, maps = _dense_scene(seed=5)
     V = len(cams)
@@ -156,7 +156,7 @@ def test_compact_cache_budget(monkeypatch, budget):
         calls.append(i)
         return maps[i]
 
-    monkeypatch.setattr(lift_mod, "_CACHE_BYTES", limit)
+    monkeypatch.setattr(lift_mod, "CACHE_BYTES", limit)
     res = lift(gs, cams, provider, cfg, progress=False)
     info = res.info
     assert info["cache"] == "compact" and info["cache_bytes"] <= limit

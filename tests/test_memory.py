@@ -42,11 +42,11 @@ def test_parse_size_and_budget(monkeypatch):
                                     {"max_batch_gaussians": 500}])
 def test_lift_estimate_follows_lifting_rules(cfg_kw):
     """The estimate predicts the cache and batch size the lift actually uses (lifting.py's rules)."""
-    from rh3dgs import lifting
+    from rh3dgs import lift_views
     from rh3dgs import memory
     from rh3dgs.lifting import LiftConfig, lift
 
-    assert memory._CACHE_BYTES == lifting._CACHE_BYTES
+    assert memory._CACHE_BYTES == lift_views.CACHE_BYTES
     g, cams, maps = random_lift_scene(n=400, views=5, size=32, D=8)
     cfg = LiftConfig(iters=1, latent_dim=0, **cfg_kw)
     est = lift_memory_estimate(len(g), len(cams), 32, 32, 8, cfg=cfg)
