@@ -68,7 +68,13 @@ def interleaved(fns: Dict[str, Callable[[], object]], rounds: int) -> Dict[str, 
 
 
 def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    """This process's peak resident set (VmHWM). Not ``ru_maxrss``: Linux carries that over ``exec`` from the
+    parent's address space when ``subprocess`` vforks, so a child of a big parent would report the parent's peak."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM")) / 1024.0
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def run_isolated(script: str, args: List[str]) -> Dict:

@@ -76,7 +76,7 @@ def measure_large() -> dict:
     res = lift(g, cams, _big_maps, LiftConfig(method="robust", latent_dim=BIG_LATENTS), progress=False)
     stage("robust lift", t)
     info = res.info
-    field32 = SemanticField(res.latents, res.decoder, res.valid)
+    field32 = res.field()
     out = {}
     with tempfile.TemporaryDirectory(prefix="rh3dgs_bench_scale_") as tmp:
         lifted = Gaussians(g.means, g.scales, g.quats, g.opacities, g.sh0, g.shN, res.latents)

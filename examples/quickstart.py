@@ -10,7 +10,6 @@ import torch
 import rh3dgs
 from rh3dgs.data.synthetic import SceneConfig, make_scene, write_dataset
 from rh3dgs.data.teacher_sim import simulate_teacher
-from rh3dgs.field import SemanticField
 from rh3dgs.lifting import LiftConfig, lift
 from rh3dgs.teachers import PrecomputedTeacher
 from rh3dgs.viz import overlay_heatmap
@@ -25,7 +24,7 @@ def main(out: Path, size: int = 96, views: int = 8) -> None:
 
     res = lift(synthetic.gaussians, synthetic.cameras,
                lambda i: teacher.load_feature_map(synthetic.cameras.names[i]), LiftConfig(method="robust"))
-    rh3dgs.save_scene(out / "scene", synthetic.gaussians, SemanticField(res.latents, res.decoder, res.valid),
+    rh3dgs.save_scene(out / "scene", synthetic.gaussians, res.field(),
                       synthetic.cameras, teacher={"name": "precomputed", "features_dir": str(sim.features_dir.resolve())})
 
     scene = rh3dgs.load(out / "scene")

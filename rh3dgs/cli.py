@@ -219,7 +219,6 @@ def cmd_extract(args) -> int:
 
 
 def cmd_lift(args) -> int:
-    from .field import SemanticField
     from .io.ply import load_ply
     from .io.scene import save_scene
     from .lifting import LiftConfig, lift
@@ -240,8 +239,9 @@ def cmd_lift(args) -> int:
 
         cfg = load_preset(args.config, LiftConfig)
     else:
-        cfg = LiftConfig(method=args.method, use_vcd=not args.no_vcd, delta=args.delta, iters=args.iters,
-                         latent_dim=args.latent_dim, views_per_batch=args.views_per_batch)
+        given = {k: getattr(args, k) for k in ("delta", "iters", "latent_dim", "views_per_batch")
+                 if getattr(args, k) is not None}  # the rest: LiftConfig's defaults, written once there
+        cfg = LiftConfig(method=args.method, use_vcd=not args.no_vcd, **given)
     if args.streaming:
         cfg.cache_projections, cfg.compact_cache = False, False
 
@@ -257,9 +257,10 @@ def cmd_lift(args) -> int:
     if hasattr(teacher, "text_queries"):
         names = teacher.text_queries()
         table = dict(zip(names, teacher.encode_text(names)))
-    out = save_scene(prepare_output_dir(out, args.overwrite, inputs), gaussians, SemanticField(res.latents, res.decoder, res.valid), cams, images,
+    out = save_scene(prepare_output_dir(out, args.overwrite, inputs), gaussians, res.field(), cams, images,
                      teacher=spec, text_embeddings=table, info=res.info)
-    print(f"lifted {len(gaussians)} Gaussians ({res.info['valid']} observed) over {len(cams)} views in "
+    print(f"lifted {len(gaussians)} Gaussians ({res.info['observed']} observed, {res.info['filled']} filled from "
+          f"3D neighbours) over {len(cams)} views in "
           f"{res.info['seconds']:.1f} s -> {out}")
     return 0
 
@@ -374,10 +375,10 @@ def build_parser() -> argparse.ArgumentParser:
     li.add_argument("--output", required=True, help="semantic scene folder to write")
     li.add_argument("--method", default="robust", choices=["robust", "karcher", "euclidean"])
     li.add_argument("--no-vcd", action="store_true", help="uniform pixel weights (ablation)")
-    li.add_argument("--delta", type=float, default=0.35, help="Huber threshold (radians)")
-    li.add_argument("--iters", type=int, default=3, help="IRLS passes")
-    li.add_argument("--latent-dim", type=int, default=16)
-    li.add_argument("--views-per-batch", type=int, default=8)
+    li.add_argument("--delta", type=float, default=None, help="Huber threshold (radians; default LiftConfig.delta)")
+    li.add_argument("--iters", type=int, default=None, help="IRLS passes (default LiftConfig.iters)")
+    li.add_argument("--latent-dim", type=int, default=None, help="default LiftConfig.latent_dim")
+    li.add_argument("--views-per-batch", type=int, default=None, help="default LiftConfig.views_per_batch")
     li.add_argument("--streaming", action="store_true",
                     help="keep nothing across the IRLS passes (least memory; LiftConfig cache_projections=False, "
                          "compact_cache=False)")

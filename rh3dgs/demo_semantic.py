@@ -16,7 +16,6 @@ from .api import load
 from .data.labelled import LabelledDataset
 from .data.teacher_sim import TeacherSimConfig, simulate_teacher
 from .eval.metrics import miou_3d, semantic_miou
-from .field import SemanticField
 from .io.atomic import atomic_save_json, atomic_save_png
 from .io.scene import save_scene
 from .lifting import LiftConfig, lift
@@ -56,7 +55,7 @@ def run(scene, out: Path, args) -> str:
         gt3d = scene.class_ids.clone()
         m3 = miou_3d(pred3d, gt3d, num_classes=len(classes))
         # 2D: render decoded features, argmax over classes (3D-OVS protocol), vs GT masks
-        f = SemanticField(res.latents, res.decoder, res.valid)
+        f = res.field()
         ious = []
         for i in range(len(scene.cameras)):
             with torch.no_grad():
@@ -72,7 +71,7 @@ def run(scene, out: Path, args) -> str:
     print(f"[4/5] lifted {len(scene.gaussians)} Gaussians over {len(scene.cameras)} views")
 
     best = lifted["rh3dgs (VCD + robust Frechet)"]
-    field = SemanticField(best.latents, best.decoder, best.valid)
+    field = best.field()
     scene_dir = save_scene(out / "scene", scene.gaussians, field, scene.cameras,
                            image_paths=[data / "images" / f"{n}.png" for n in names],
                            teacher={"name": "precomputed", "features_dir": str(Path(sim.features_dir).resolve())},

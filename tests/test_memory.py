@@ -85,7 +85,10 @@ _DRIVER = r"""
 import atexit, resource, sys, time
 t0 = time.perf_counter()
 ru = lambda: resource.getrusage(resource.RUSAGE_SELF)
-atexit.register(lambda: print(f"PEAK_RSS_MB {ru().ru_maxrss / 1024:.0f} SECONDS {time.perf_counter() - t0:.2f} "
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec from the parent's memory (pytest's own peak when
+# subprocess vforks), VmHWM belongs to this process's address space alone
+hwm = lambda: int(next(ln for ln in open("/proc/self/status") if ln.startswith("VmHWM")).split()[1])
+atexit.register(lambda: print(f"PEAK_RSS_MB {hwm() / 1024:.0f} SECONDS {time.perf_counter() - t0:.2f} "
                               f"CPU {ru().ru_utime + ru().ru_stime:.2f}", file=sys.stderr))
 from rh3dgs.cli import main
 sys.exit(main(sys.argv[1:]))
