@@ -25,6 +25,7 @@ from typing import List, Optional
 
 from .errors import ConfigError, Rh3dgsError
 from .io.outputs import check_not_input, check_output_dir, check_output_file, prepare_output_dir, scene_inputs
+from .query import CANONICAL_NEGATIVES, THRESHOLD, format_queries, parse_queries
 
 __all__ = ["main"]
 
@@ -271,10 +272,10 @@ def cmd_query(args) -> int:
 
     out = check_output_dir(args.output, args.overwrite, scene_inputs(args.scene))
     scene = load(args.scene)
-    queries = [q.strip() for q in args.queries.split(";") if q.strip()]
+    queries = list(parse_queries(args.queries))
     if not queries:
         raise ConfigError("no query given (semicolon-separated phrases, e.g. \"red mug;chair\")")
-    negatives = None if args.negatives is None else [q.strip() for q in args.negatives.split(";") if q.strip()]
+    negatives = None if args.negatives is None else list(parse_queries(args.negatives))
     if scene.cameras is None:
         raise ConfigError(f"{args.scene}: the scene has no cameras (transforms.json) to render queries from")
     views = range(len(scene.cameras)) if args.views is None else [int(v) for v in args.views.split(",")]
@@ -302,7 +303,7 @@ def cmd_select(args) -> int:
 
     out = check_output_file(args.output, args.overwrite, scene_inputs(args.scene))
     scene = load(args.scene)
-    negatives = None if args.negatives is None else [q.strip() for q in args.negatives.split(";") if q.strip()]
+    negatives = None if args.negatives is None else list(parse_queries(args.negatives))
     sel = scene.select(args.query, threshold=args.threshold, negatives=negatives)
     out = scene.export_ply(out, mask=sel, latents=args.latents, latent_dtype=args.latent_dtype)
     print(f"'{args.query}': {int(sel.sum())} of {len(scene)} Gaussians above {args.threshold} -> {out}")
@@ -390,8 +391,9 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("query", help="relevancy PNGs over the cameras and 3D selections for text queries")
     q.add_argument("scene", help="semantic scene folder (from `rh3dgs lift` / `rh3dgs demo`)")
     q.add_argument("queries", help="semicolon-separated phrases, e.g. 'red mug;chair'")
-    q.add_argument("--negatives", default=None, help="semicolon-separated negatives (default: object;things;stuff;texture)")
-    q.add_argument("--threshold", type=float, default=0.5)
+    q.add_argument("--negatives", default=None,
+                   help=f"semicolon-separated negatives (default: {format_queries(CANONICAL_NEGATIVES)})")
+    q.add_argument("--threshold", type=float, default=THRESHOLD, help=f"selection threshold (default {THRESHOLD})")
     q.add_argument("--views", default=None, help="comma-separated camera indices (default: all)")
     q.add_argument("--output", required=True)
     q.set_defaults(func=cmd_query)
@@ -399,8 +401,9 @@ def build_parser() -> argparse.ArgumentParser:
     se = sub.add_parser("select", help="write the Gaussians relevant to a query as a plain 3DGS PLY")
     se.add_argument("scene", help="semantic scene folder")
     se.add_argument("query", help="a phrase, e.g. 'red mug'")
-    se.add_argument("--threshold", type=float, default=0.5)
-    se.add_argument("--negatives", default=None, help="semicolon-separated negatives")
+    se.add_argument("--threshold", type=float, default=THRESHOLD, help=f"selection threshold (default {THRESHOLD})")
+    se.add_argument("--negatives", default=None,
+                    help=f"semicolon-separated negatives (default: {format_queries(CANONICAL_NEGATIVES)})")
     se.add_argument("--output", required=True, help="PLY file to write")
     se.set_defaults(func=cmd_select)
 

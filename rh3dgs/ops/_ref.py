@@ -21,13 +21,15 @@ __all__ = ["_ref_project_gaussians", "_ref_sh_colors", "_ref_rasterize_to_pixels
 
 @torch.no_grad()
 def _ref_relevancy(latents: Tensor, pos: Tensor, neg: Tensor, norm_factor: Tensor, temperature: float) -> Tensor:
-    """Reference of ``relevancy``: cosines of [..., d] latents (norm |R f|), then the LERF relevancy."""
-    from ..query import relevancy_from_cosines
-
+    """Reference of ``relevancy``: cosines of [..., d] latents (norm |R f|), then the LERF relevancy
+    sigmoid(tau (cos_q - max_j cos_neg_j)) (sigmoid(tau cos_q) without negatives), as
+    :func:`rh3dgs.query.relevancy_from_cosines` states it."""
     norm = torch.linalg.vector_norm(latents @ norm_factor.to(latents).T, dim=-1, keepdim=True).clamp_min(1e-12)
     Q = pos.shape[0]
     cos = latents @ torch.cat([pos, neg]).to(latents).T / norm
-    return relevancy_from_cosines(cos[..., :Q], cos[..., Q:], temperature)
+    if neg.shape[0] == 0:
+        return torch.sigmoid(temperature * cos)
+    return torch.sigmoid(temperature * (cos[..., :Q] - cos[..., Q:].max(dim=-1, keepdim=True).values))
 
 
 def _ref_lic_infonce(features: Tensor, anchors: Tensor, candidates: Tensor, kinds: Tensor,
