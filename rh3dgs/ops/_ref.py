@@ -53,21 +53,20 @@ def _ref_project_gaussians(means: Tensor, quats: Tensor, scales: Tensor, viewmat
                            far_plane: float = 1e10) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """Reference of ``project_gaussians``: gsplat's pure-torch covariance and fully fused projection
     (differentiable by autograd). Returns radii [B,N] int32, means2d, depths, conics."""
-    from gsplat.cuda._torch_impl import _fully_fused_projection, _quat_scale_to_covar_preci
+    from ._gsplat import fully_fused_projection_torch, quat_scale_to_covar
 
-    covars, _ = _quat_scale_to_covar_preci(quats, scales, compute_preci=False, triu=False)
-    radii, means2d, depths, conics, _ = _fully_fused_projection(means, covars, viewmats, Ks, width, height, eps2d=eps2d,
-                                                                near_plane=near_plane, far_plane=far_plane)
+    radii, means2d, depths, conics = fully_fused_projection_torch(means, quat_scale_to_covar(quats, scales), viewmats,
+                                                                  Ks, width, height, eps2d, near_plane, far_plane)
     return radii.int(), means2d, depths, conics
 
 
 def _ref_sh_colors(degree: int, means: Tensor, campos: Tensor, coeffs: Tensor) -> Tensor:
     """Reference of ``sh_colors``: gsplat's pure-torch SH evaluation of the directions
     ``means - campos`` (differentiable by autograd). Returns [B, N, 3]."""
-    from gsplat.cuda._torch_impl import _spherical_harmonics
+    from ._gsplat import spherical_harmonics_torch
 
     dirs = means[None] - campos[:, None, :]
-    return _spherical_harmonics(degree, dirs, coeffs[None].expand(campos.shape[0], -1, -1, -1))
+    return spherical_harmonics_torch(degree, dirs, coeffs[None].expand(campos.shape[0], -1, -1, -1))
 
 
 @torch.no_grad()
