@@ -125,35 +125,35 @@ def _teacher_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", default=None, help="local open_clip checkpoint file (clip teacher)")
     p.add_argument("--features-dir", default=None, help="precomputed teacher: folder of <stem>.npy maps "
                                                         "(default DATA/features)")
-    p.add_argument("--cache", default=None, help="feature cache folder (default DATA/.rh3dgs_cache)")
+    p.add_argument("--cache", default=None, help="feature cache folder (default DATA/.rh3dgs_cache, as for "
+                                                 "ns-train rh3dgs)")
 
 
-def _teacher_spec(args, data: Path) -> dict:
-    spec = {"name": args.teacher}
-    if args.teacher == "precomputed":
-        spec["features_dir"] = str(Path(args.features_dir or data / "features").resolve())
-    elif args.teacher == "clip":
-        for k in ("model", "pretrained", "checkpoint"):
-            if getattr(args, k):
-                spec[k] = getattr(args, k)
-    return spec
+def _teacher_config(args):
+    """The TeacherConfig of the teacher options (unset options keep TeacherConfig's defaults): the same
+    teacher, hence the same cache entries, as an ``ns-train rh3dgs`` data manager with that config."""
+    from .teachers import TeacherConfig
+
+    given = {k: getattr(args, k) for k in ("model", "pretrained", "checkpoint", "features_dir") if getattr(args, k)}
+    return TeacherConfig(name=args.teacher, cache_dir=args.cache, **given)
 
 
 def _cache_dir(args, data: Path, image_paths) -> Path:
-    """The feature cache folder (written by extract and lift): never the dataset's transforms.json or images."""
-    cache = Path(args.cache or data / ".rh3dgs_cache")
+    """The feature cache folder (written by extract and lift; default DATA/.rh3dgs_cache, the default of every
+    entry point): never the dataset's transforms.json or images."""
+    from .teachers import default_cache_dir
+
+    cache = Path(args.cache) if args.cache else default_cache_dir(data)
     check_not_input(cache, [_transforms_file(data), *image_paths], what="feature cache")
     return cache
 
 
-def _teacher_maps(args, teacher, data: Path, image_paths):
-    """provider i -> [h, w, D] of the dataset's images (features extracted into the cache first)."""
-    from .teachers import extract_features, load_cached
+def _dataset_maps(args, teacher, data: Path, image_paths, distributed: bool = False):
+    """The teacher maps of the dataset's images: :func:`rh3dgs.teachers.dataset_maps`, the provider the
+    nerfstudio data manager uses too (computed into the cache first unless the teacher reads them in place)."""
+    from .teachers import dataset_maps
 
-    if args.teacher == "precomputed":
-        return lambda i: teacher.load_feature_map(Path(image_paths[i]).stem)
-    cached = extract_features(teacher, image_paths, _cache_dir(args, data, image_paths))
-    return lambda i: load_cached(cached[i])
+    return dataset_maps(teacher, image_paths, _cache_dir(args, data, image_paths), distributed=distributed)
 
 
 def _image_args(p: argparse.ArgumentParser) -> None:
@@ -188,6 +188,8 @@ def _load_cameras(args, transforms, check_images: bool, require_images: bool = T
 def cmd_extract(args) -> int:
     """Single process, or data-parallel under ``torchrun --nproc_per_node=K -m rh3dgs.cli extract ...``
     (each rank extracts a disjoint shard of the missing entries; rank 0 writes the manifest and prints)."""
+    import dataclasses
+
     from .distributed import process_group_from_env
     from .memory import check_memory, image_memory_estimate
 
@@ -196,25 +198,22 @@ def cmd_extract(args) -> int:
         check_memory(image_memory_estimate(h, w), f"reading {w}x{h} images", knobs=["--downscale N"])
 
     cams, images = _load_cameras(args, data, check_images=True, preflight=preflight)
-    if args.teacher == "precomputed":
-        print("the precomputed teacher reads existing maps; nothing to extract")
-        return 0
-    from .teachers import extract_features, teacher_from_spec
-
-    cache = _cache_dir(args, data, images)
     with process_group_from_env() as dist:
-        spec = _teacher_spec(args, data)
-        if dist is not None and dist.device.type == "cuda" and args.teacher == "clip":
-            spec["device"] = str(dist.device)  # each rank on its LOCAL_RANK GPU
-        teacher = teacher_from_spec(spec)
-        stats: dict = {}
-        paths = extract_features(teacher, images, cache, stats=stats, distributed=dist is not None)
+        tcfg = _teacher_config(args)
+        if dist is not None and dist.device.type == "cuda":
+            tcfg = dataclasses.replace(tcfg, device=str(dist.device))  # each rank on its LOCAL_RANK GPU
+        teacher = tcfg.setup(data)
+        maps = _dataset_maps(args, teacher, data, images, distributed=dist is not None)
+        stats = maps.stats
         if dist is None or dist.is_main:
-            where = Path(paths[0]).parent if paths else args.cache
+            if not maps.cached:
+                print(f"the {teacher.name} teacher reads its {len(maps)} existing maps in place; nothing to extract")
+                return 0
+            where = Path(maps.files[0]).parent if len(maps) else args.cache
             by_rank = stats.get("computed_by_rank")
             over = (f" over {len(by_rank)} processes ({' + '.join(map(str, by_rank))} computed)"
                     if by_rank else "")
-            print(f"{len(paths)} feature maps ({stats.get('computed', 0)} computed, {stats.get('reused', 0)} reused)"
+            print(f"{len(maps)} feature maps ({stats.get('computed', 0)} computed, {stats.get('reused', 0)} reused)"
                   f"{over} in {where}")
     return 0
 
@@ -225,16 +224,16 @@ def cmd_lift(args) -> int:
     from .io.scene import save_scene
     from .lifting import LiftConfig, lift
     from .memory import preflight_lift
-    from .teachers import teacher_from_spec
+    from .teachers import default_cache_dir, spec_paths
 
     data = Path(args.data)
-    precomputed = args.teacher == "precomputed"
-    features = (args.features_dir or data / "features") if precomputed else (args.cache or data / ".rh3dgs_cache")
-    inputs = [args.scene, _transforms_file(data), features, args.config, args.checkpoint]
+    tcfg = _teacher_config(args)
+    spec = tcfg.spec(data)
+    inputs = [args.scene, _transforms_file(data), args.cache or default_cache_dir(data), args.config,
+              *spec_paths(spec)]  # the teacher's own files: features_dir, checkpoint...
     out = check_output_dir(args.output, args.overwrite, inputs)
     gaussians = load_ply(args.scene, latents=False)  # the lift computes the latents
-    spec = _teacher_spec(args, data)
-    teacher = teacher_from_spec(spec)
+    teacher = tcfg.setup(data)
     d_teacher = int(teacher.dim)
     if args.config:
         from .presets import load_preset
@@ -252,7 +251,7 @@ def cmd_lift(args) -> int:
     cams, images = _load_cameras(args, data, check_images=False, preflight=preflight)
     print(preflight_lift(len(gaussians), len(cams), cams.height, cams.width, d_teacher, cfg,
                          device=str(gaussians.device)).summary())
-    maps = _teacher_maps(args, teacher, data, images)
+    maps = _dataset_maps(args, teacher, data, images)
     res = lift(gaussians, cams, maps, cfg)
     table = {}
     if hasattr(teacher, "text_queries"):

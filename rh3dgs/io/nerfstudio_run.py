@@ -371,10 +371,8 @@ def load_nerfstudio_scene(
     teacher_spec: Dict[str, Any] = {}
     tcfg = getattr(config.pipeline.datamanager, "teacher", None)
     if tcfg is not None:
-        if tcfg.name == "precomputed" and not tcfg.features_dir and data_dir is not None:
-            tcfg = dataclasses.replace(tcfg, features_dir=str(data_dir / "features"))
         try:
-            teacher_spec = {"name": tcfg.name, **tcfg.teacher_kwargs()}
+            teacher_spec = tcfg.spec(data_dir)
         except Rh3dgsError:
             teacher_spec = {"name": tcfg.name}
     return gaussians, decoder, cameras, teacher_spec
