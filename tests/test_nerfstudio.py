@@ -223,7 +223,7 @@ def test_viewer_path_does_not_use_compiled_viewmat(pipeline, monkeypatch):
 
 
 def test_rotate_sh_matches_rotated_evaluation():
-    from gsplat.cuda._torch_impl import _spherical_harmonics
+    from rh3dgs.ops._gsplat import spherical_harmonics_torch as _spherical_harmonics
 
     from rh3dgs.io.nerfstudio_run import rotate_sh
 
