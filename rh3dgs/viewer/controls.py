@@ -119,8 +119,9 @@ def selection_name(queries: Sequence[str]) -> str:
 
 
 def export_selection(scene, folder, mask: Tensor, name: str) -> Path:
-    """Write the Gaussians in ``mask`` as a standard 3DGS PLY (``Scene.export_ply``) to ``folder/name.ply``,
-    or ``name_2.ply``, ``name_3.ply``... when that exists: an export never replaces an earlier file."""
+    """Write the Gaussians in ``mask`` as a 3DGS PLY with their ``sem_*`` latents (``Scene.export_ply(latents=True)``:
+    the selection stays queryable) to ``folder/name.ply``, or ``name_2.ply``, ``name_3.ply``... when that exists: an
+    export never replaces an earlier file."""
     n = int(mask.sum())
     if n == 0:
         raise ConfigError("the selection is empty: lower the threshold or change the query")
@@ -130,7 +131,7 @@ def export_selection(scene, folder, mask: Tensor, name: str) -> Path:
     while path.exists():
         k += 1
         path = out / f"{name}_{k}.ply"
-    return scene.export_ply(path, mask=mask.to(scene.gaussians.device))
+    return scene.export_ply(path, mask=mask.to(scene.gaussians.device), latents=True)
 
 
 # ------------------------------------------------------------------------------ state + caches
