@@ -23,7 +23,7 @@ P, d, D, Q, J = 1_000_000, 16, 512, 4, 4
 def measure(part: str) -> dict:
     """Everything, in this interpreter (run by :func:`main` in a fresh one: its peak RSS is its own)."""
     from rh3dgs.field import SemanticField
-    from rh3dgs.query import relevancy, relevancy_from_cosines
+    from rh3dgs.query import feature_relevancy, relevancy_from_cosines
 
     g = torch.Generator().manual_seed(0)
     dec = torch.linalg.qr(torch.randn(D, d, generator=g))[0]
@@ -38,7 +38,7 @@ def measure(part: str) -> dict:
         out["fast"] = relevancy_from_cosines(cos[:, :Q], cos[:, Q:])
 
     def slow():
-        out["slow"] = relevancy(field.decode(lat), phi, neg)
+        out["slow"] = feature_relevancy(field.decode(lat), phi, neg)
 
     tf = timeit(fast, repeats=3)["median_s"]
     ts = timeit(slow, repeats=2)["median_s"]
@@ -71,7 +71,7 @@ def _query_vs_render(size: int = 256, phrases: int = 8) -> dict:
     from bench_viewer import build_scene
 
     from rh3dgs.rendering import render
-    from rh3dgs.viewer.controls import relevancy_maps
+    from rh3dgs.query import relevancy_maps
 
     scene = build_scene()
     cam = orbit(1, size)

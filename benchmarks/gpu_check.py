@@ -36,6 +36,7 @@ def _max_err(a: torch.Tensor, b: torch.Tensor) -> float:
 def agreement(dev: torch.device, n: int, size: int) -> dict:
     """Max abs differences between the ops on ``dev`` and the CPU kernels, on one random scene."""
     from rh3dgs.ops import aggregate_sphere, isect_tiles, lic_infonce, rasterize_to_pixels, relevancy
+    from rh3dgs.query import TEMPERATURE
     from rh3dgs.rendering import project
 
     g = random_scene(n, scale=0.03)
@@ -77,7 +78,9 @@ def agreement(dev: torch.device, n: int, size: int) -> dict:
 
     lat = torch.randn(size * size, 16, generator=gen)
     q, neg, R = torch.randn(2, 16, generator=gen), torch.randn(4, 16, generator=gen), torch.eye(16)
-    out["relevancy"] = _max_err(relevancy(lat.to(dev), q.to(dev), neg.to(dev), R.to(dev)), relevancy(lat, q, neg, R))
+    tau = TEMPERATURE
+    out["relevancy"] = _max_err(relevancy(lat.to(dev), q.to(dev), neg.to(dev), R.to(dev), tau),
+                                relevancy(lat, q, neg, R, tau))
 
     # LIC InfoNCE on the scene's latents: 256 anchors, 16 neighbour-like + 64 random candidates
     anchors = torch.randint(n, (256,), generator=gen)

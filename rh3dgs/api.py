@@ -25,7 +25,8 @@ from .errors import ConfigError, InputFileError, MissingWeightsError, ShapeError
 from .field import SemanticField
 from .gaussians import Gaussians
 from .io.scene import SceneData, read_scene, save_scene
-from .query import CANONICAL_NEGATIVES
+from .query import (CANONICAL_NEGATIVES, MIN_ALPHA, TEMPERATURE, THRESHOLD, gaussian_relevancy, relevancy_maps,
+                    select_gaussians)
 
 __all__ = ["Scene", "load", "save_scene", "TextEmbeddings"]
 
@@ -64,7 +65,7 @@ class Scene:
 
     def __init__(self, gaussians: Gaussians, field: Optional[SemanticField] = None, cameras: Optional[Cameras] = None,
                  text_encoder: Optional[Callable[[Sequence[str]], Tensor]] = None,
-                 negatives: Sequence[str] = CANONICAL_NEGATIVES, temperature: float = 10.0,
+                 negatives: Sequence[str] = CANONICAL_NEGATIVES, temperature: float = TEMPERATURE,
                  path: Optional[Path] = None):
         self.gaussians = gaussians
         self.field = field
@@ -142,26 +143,25 @@ class Scene:
         return r.features[0], r.alpha[0], r.rgb[0]
 
     def render_relevancy(self, camera: CameraLike, queries: Union[Query, Sequence[Query]],
-                         negatives: Optional[Sequence[Query]] = None, min_alpha: float = 0.1) -> Tensor:
-        """[Q, H, W] relevancy in [0, 1] (0 where accumulated opacity < ``min_alpha``).
+                         negatives: Optional[Sequence[Query]] = None, min_alpha: float = MIN_ALPHA) -> Tensor:
+        """[Q, H, W] relevancy in [0, 1] (0 where accumulated opacity < ``min_alpha``): :func:`rh3dgs.query.relevancy_maps`.
 
         Uses the linear fast path: one d-dimensional dot product per pixel and query.
         """
         f = self._require_field()
         phi, neg = self.encode(queries), self._negatives(negatives)
         lat, alpha, _ = self.render_latents(camera)
-        rel = f.relevancy(lat, phi, neg, self.temperature)
-        return (rel * (alpha >= min_alpha)[..., None]).permute(2, 0, 1)
+        return relevancy_maps(f, lat, alpha, phi, neg, self.temperature, min_alpha)
 
     # ---------------------------------------------------------------- 3D
     def relevancy(self, queries: Union[Query, Sequence[Query]], negatives: Optional[Sequence[Query]] = None) -> Tensor:
-        """Per-Gaussian relevancy [Q, N] (0 for Gaussians without a valid feature)."""
+        """Per-Gaussian relevancy [Q, N] (0 for Gaussians without a valid feature): :func:`rh3dgs.query.gaussian_relevancy`."""
         phi, neg = self.encode(queries), self._negatives(negatives)
-        return self._require_field().gaussian_relevancy(phi, neg, self.temperature)
+        return gaussian_relevancy(self._require_field(), phi, neg, self.temperature)
 
-    def select(self, query: Query, threshold: float = 0.5, negatives: Optional[Sequence[Query]] = None) -> Tensor:
+    def select(self, query: Query, threshold: float = THRESHOLD, negatives: Optional[Sequence[Query]] = None) -> Tensor:
         """bool [N]: Gaussians whose relevancy for ``query`` is above ``threshold``."""
-        return self.relevancy([query], negatives)[0] > threshold
+        return select_gaussians(self.relevancy([query], negatives), threshold)
 
     def export_ply(self, path, mask: Optional[Tensor] = None, latents: bool = False,
                    latent_dtype: str = "float32") -> Path:

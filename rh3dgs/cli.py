@@ -25,6 +25,7 @@ from typing import List, Optional
 
 from .errors import ConfigError, Rh3dgsError
 from .io.outputs import check_not_input, check_output_dir, check_output_file, prepare_output_dir, scene_inputs
+from .query import CANONICAL_NEGATIVES, THRESHOLD, format_queries, parse_queries
 
 __all__ = ["main"]
 
@@ -124,35 +125,35 @@ def _teacher_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", default=None, help="local open_clip checkpoint file (clip teacher)")
     p.add_argument("--features-dir", default=None, help="precomputed teacher: folder of <stem>.npy maps "
                                                         "(default DATA/features)")
-    p.add_argument("--cache", default=None, help="feature cache folder (default DATA/.rh3dgs_cache)")
+    p.add_argument("--cache", default=None, help="feature cache folder (default DATA/.rh3dgs_cache, as for "
+                                                 "ns-train rh3dgs)")
 
 
-def _teacher_spec(args, data: Path) -> dict:
-    spec = {"name": args.teacher}
-    if args.teacher == "precomputed":
-        spec["features_dir"] = str(Path(args.features_dir or data / "features").resolve())
-    elif args.teacher == "clip":
-        for k in ("model", "pretrained", "checkpoint"):
-            if getattr(args, k):
-                spec[k] = getattr(args, k)
-    return spec
+def _teacher_config(args):
+    """The TeacherConfig of the teacher options (unset options keep TeacherConfig's defaults): the same
+    teacher, hence the same cache entries, as an ``ns-train rh3dgs`` data manager with that config."""
+    from .teachers import TeacherConfig
+
+    given = {k: getattr(args, k) for k in ("model", "pretrained", "checkpoint", "features_dir") if getattr(args, k)}
+    return TeacherConfig(name=args.teacher, cache_dir=args.cache, **given)
 
 
 def _cache_dir(args, data: Path, image_paths) -> Path:
-    """The feature cache folder (written by extract and lift): never the dataset's transforms.json or images."""
-    cache = Path(args.cache or data / ".rh3dgs_cache")
+    """The feature cache folder (written by extract and lift; default DATA/.rh3dgs_cache, the default of every
+    entry point): never the dataset's transforms.json or images."""
+    from .teachers import default_cache_dir
+
+    cache = Path(args.cache) if args.cache else default_cache_dir(data)
     check_not_input(cache, [_transforms_file(data), *image_paths], what="feature cache")
     return cache
 
 
-def _teacher_maps(args, teacher, data: Path, image_paths):
-    """provider i -> [h, w, D] of the dataset's images (features extracted into the cache first)."""
-    from .teachers import extract_features, load_cached
+def _dataset_maps(args, teacher, data: Path, image_paths, distributed: bool = False):
+    """The teacher maps of the dataset's images: :func:`rh3dgs.teachers.dataset_maps`, the provider the
+    nerfstudio data manager uses too (computed into the cache first unless the teacher reads them in place)."""
+    from .teachers import dataset_maps
 
-    if args.teacher == "precomputed":
-        return lambda i: teacher.load_feature_map(Path(image_paths[i]).stem)
-    cached = extract_features(teacher, image_paths, _cache_dir(args, data, image_paths))
-    return lambda i: load_cached(cached[i])
+    return dataset_maps(teacher, image_paths, _cache_dir(args, data, image_paths), distributed=distributed)
 
 
 def _image_args(p: argparse.ArgumentParser) -> None:
@@ -187,6 +188,8 @@ def _load_cameras(args, transforms, check_images: bool, require_images: bool = T
 def cmd_extract(args) -> int:
     """Single process, or data-parallel under ``torchrun --nproc_per_node=K -m rh3dgs.cli extract ...``
     (each rank extracts a disjoint shard of the missing entries; rank 0 writes the manifest and prints)."""
+    import dataclasses
+
     from .distributed import process_group_from_env
     from .memory import check_memory, image_memory_estimate
 
@@ -195,25 +198,22 @@ def cmd_extract(args) -> int:
         check_memory(image_memory_estimate(h, w), f"reading {w}x{h} images", knobs=["--downscale N"])
 
     cams, images = _load_cameras(args, data, check_images=True, preflight=preflight)
-    if args.teacher == "precomputed":
-        print("the precomputed teacher reads existing maps; nothing to extract")
-        return 0
-    from .teachers import extract_features, teacher_from_spec
-
-    cache = _cache_dir(args, data, images)
     with process_group_from_env() as dist:
-        spec = _teacher_spec(args, data)
-        if dist is not None and dist.device.type == "cuda" and args.teacher == "clip":
-            spec["device"] = str(dist.device)  # each rank on its LOCAL_RANK GPU
-        teacher = teacher_from_spec(spec)
-        stats: dict = {}
-        paths = extract_features(teacher, images, cache, stats=stats, distributed=dist is not None)
+        tcfg = _teacher_config(args)
+        if dist is not None and dist.device.type == "cuda":
+            tcfg = dataclasses.replace(tcfg, device=str(dist.device))  # each rank on its LOCAL_RANK GPU
+        teacher = tcfg.setup(data)
+        maps = _dataset_maps(args, teacher, data, images, distributed=dist is not None)
+        stats = maps.stats
         if dist is None or dist.is_main:
-            where = Path(paths[0]).parent if paths else args.cache
+            if not maps.cached:
+                print(f"the {teacher.name} teacher reads its {len(maps)} existing maps in place; nothing to extract")
+                return 0
+            where = Path(maps.files[0]).parent if len(maps) else args.cache
             by_rank = stats.get("computed_by_rank")
             over = (f" over {len(by_rank)} processes ({' + '.join(map(str, by_rank))} computed)"
                     if by_rank else "")
-            print(f"{len(paths)} feature maps ({stats.get('computed', 0)} computed, {stats.get('reused', 0)} reused)"
+            print(f"{len(maps)} feature maps ({stats.get('computed', 0)} computed, {stats.get('reused', 0)} reused)"
                   f"{over} in {where}")
     return 0
 
@@ -223,16 +223,16 @@ def cmd_lift(args) -> int:
     from .io.scene import save_scene
     from .lifting import LiftConfig, lift
     from .memory import preflight_lift
-    from .teachers import teacher_from_spec
+    from .teachers import default_cache_dir, spec_paths
 
     data = Path(args.data)
-    precomputed = args.teacher == "precomputed"
-    features = (args.features_dir or data / "features") if precomputed else (args.cache or data / ".rh3dgs_cache")
-    inputs = [args.scene, _transforms_file(data), features, args.config, args.checkpoint]
+    tcfg = _teacher_config(args)
+    spec = tcfg.spec(data)
+    inputs = [args.scene, _transforms_file(data), args.cache or default_cache_dir(data), args.config,
+              *spec_paths(spec)]  # the teacher's own files: features_dir, checkpoint...
     out = check_output_dir(args.output, args.overwrite, inputs)
     gaussians = load_ply(args.scene, latents=False)  # the lift computes the latents
-    spec = _teacher_spec(args, data)
-    teacher = teacher_from_spec(spec)
+    teacher = tcfg.setup(data)
     d_teacher = int(teacher.dim)
     if args.config:
         from .presets import load_preset
@@ -251,7 +251,7 @@ def cmd_lift(args) -> int:
     cams, images = _load_cameras(args, data, check_images=False, preflight=preflight)
     print(preflight_lift(len(gaussians), len(cams), cams.height, cams.width, d_teacher, cfg,
                          device=str(gaussians.device)).summary())
-    maps = _teacher_maps(args, teacher, data, images)
+    maps = _dataset_maps(args, teacher, data, images)
     res = lift(gaussians, cams, maps, cfg)
     table = {}
     if hasattr(teacher, "text_queries"):
@@ -272,10 +272,10 @@ def cmd_query(args) -> int:
 
     out = check_output_dir(args.output, args.overwrite, scene_inputs(args.scene))
     scene = load(args.scene)
-    queries = [q.strip() for q in args.queries.split(";") if q.strip()]
+    queries = list(parse_queries(args.queries))
     if not queries:
         raise ConfigError("no query given (semicolon-separated phrases, e.g. \"red mug;chair\")")
-    negatives = None if args.negatives is None else [q.strip() for q in args.negatives.split(";") if q.strip()]
+    negatives = None if args.negatives is None else list(parse_queries(args.negatives))
     if scene.cameras is None:
         raise ConfigError(f"{args.scene}: the scene has no cameras (transforms.json) to render queries from")
     views = range(len(scene.cameras)) if args.views is None else [int(v) for v in args.views.split(",")]
@@ -303,7 +303,7 @@ def cmd_select(args) -> int:
 
     out = check_output_file(args.output, args.overwrite, scene_inputs(args.scene))
     scene = load(args.scene)
-    negatives = None if args.negatives is None else [q.strip() for q in args.negatives.split(";") if q.strip()]
+    negatives = None if args.negatives is None else list(parse_queries(args.negatives))
     sel = scene.select(args.query, threshold=args.threshold, negatives=negatives)
     out = scene.export_ply(out, mask=sel, latents=args.latents, latent_dtype=args.latent_dtype)
     print(f"'{args.query}': {int(sel.sum())} of {len(scene)} Gaussians above {args.threshold} -> {out}")
@@ -391,8 +391,9 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("query", help="relevancy PNGs over the cameras and 3D selections for text queries")
     q.add_argument("scene", help="semantic scene folder (from `rh3dgs lift` / `rh3dgs demo`)")
     q.add_argument("queries", help="semicolon-separated phrases, e.g. 'red mug;chair'")
-    q.add_argument("--negatives", default=None, help="semicolon-separated negatives (default: object;things;stuff;texture)")
-    q.add_argument("--threshold", type=float, default=0.5)
+    q.add_argument("--negatives", default=None,
+                   help=f"semicolon-separated negatives (default: {format_queries(CANONICAL_NEGATIVES)})")
+    q.add_argument("--threshold", type=float, default=THRESHOLD, help=f"selection threshold (default {THRESHOLD})")
     q.add_argument("--views", default=None, help="comma-separated camera indices (default: all)")
     q.add_argument("--output", required=True)
     q.set_defaults(func=cmd_query)
@@ -400,8 +401,9 @@ def build_parser() -> argparse.ArgumentParser:
     se = sub.add_parser("select", help="write the Gaussians relevant to a query as a plain 3DGS PLY")
     se.add_argument("scene", help="semantic scene folder")
     se.add_argument("query", help="a phrase, e.g. 'red mug'")
-    se.add_argument("--threshold", type=float, default=0.5)
-    se.add_argument("--negatives", default=None, help="semicolon-separated negatives")
+    se.add_argument("--threshold", type=float, default=THRESHOLD, help=f"selection threshold (default {THRESHOLD})")
+    se.add_argument("--negatives", default=None,
+                    help=f"semicolon-separated negatives (default: {format_queries(CANONICAL_NEGATIVES)})")
     se.add_argument("--output", required=True, help="PLY file to write")
     se.set_defaults(func=cmd_select)
 

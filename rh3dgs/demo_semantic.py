@@ -19,6 +19,7 @@ from .eval.metrics import miou_3d, semantic_miou
 from .io.atomic import atomic_save_json, atomic_save_png
 from .io.scene import save_scene
 from .lifting import LiftConfig, lift
+from .query import THRESHOLD
 from .rendering import render
 from .teachers import PrecomputedTeacher
 from .viz import overlay_heatmap
@@ -84,10 +85,10 @@ def run(scene, out: Path, args) -> str:
         rel = api_scene.render_relevancy(i, queries)
         rgb = api_scene.render(i)
         for q, r in zip(queries, rel):
-            atomic_save_png(qdir / f"{names[i]}_{q.replace(' ', '_')}.png", overlay_heatmap(rgb, r, threshold=0.5))
+            atomic_save_png(qdir / f"{names[i]}_{q.replace(' ', '_')}.png", overlay_heatmap(rgb, r, threshold=THRESHOLD))
     sel_lines = []
     for q in queries[:3]:
-        sel = api_scene.select(q, threshold=0.5)
+        sel = api_scene.select(q)
         k = classes.index(q)
         gt = scene.class_ids == k
         inter = int((sel & gt).sum())
@@ -99,7 +100,7 @@ def run(scene, out: Path, args) -> str:
     lines = ["", "| lift | 3D mIoU | 2D mIoU | passes | seconds |", "|---|---|---|---|---|"]
     for label, r in results.items():
         lines.append(f"| {label} | {100 * r['miou_3d']:.2f} | {100 * r['miou_2d']:.2f} | {r['passes']} | {r['seconds']:.1f} |")
-    lines.append("3D selections (threshold 0.5):")
+    lines.append(f"3D selections (threshold {THRESHOLD}):")
     lines += sel_lines
     lines.append(f"metrics: {out / 'metrics.json'}")
     return "\n".join(lines)

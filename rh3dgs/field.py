@@ -4,6 +4,8 @@ z_hat = normalize(decoder @ f) with decoder [D, d]. Rendering composites the lat
 with the colour weights; the decoder is applied per pixel after compositing. Queries
 fold into latent space (``<phi, Dec F> = <Dec^T phi, F>``; the norm |Dec F| = |R F| with
 R from the decoder's QR), so a text query costs one d-dimensional dot product per pixel.
+Relevancy, its defaults and the per-Gaussian scores are defined in :mod:`rh3dgs.query`;
+:meth:`SemanticField.relevancy` is their fast path over latents.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import torch
 from torch import Tensor
 
 from .errors import ShapeError
+from .query import TEMPERATURE, gaussian_relevancy
 
 __all__ = ["SemanticField"]
 
@@ -75,10 +78,13 @@ class SemanticField:
         norm = torch.linalg.vector_norm(y[:, Q:], dim=1, keepdim=True).clamp_min(1e-12)
         return (y[:, :Q] / norm).reshape(*latents.shape[:-1], Q)
 
-    def relevancy(self, latents: Tensor, positives: Tensor, negatives: Tensor, temperature: float = 10.0) -> Tensor:
+    def relevancy(self, latents: Tensor, positives: Tensor, negatives: Tensor,
+                  temperature: float = TEMPERATURE) -> Tensor:
         """LERF relevancy of decoded ``latents`` [..., d] for unit queries [Q, D] vs negatives [J, D] -> [..., Q].
 
-        ``relevancy_from_cosines`` of :meth:`cosine`, in one native pass on CPU (:func:`rh3dgs.ops.relevancy`).
+        :func:`rh3dgs.query.relevancy_from_cosines` of :meth:`cosine`, in one native pass
+        (:func:`rh3dgs.ops.relevancy` on the folded queries); equals
+        :func:`rh3dgs.query.feature_relevancy` of :meth:`decode`.
         """
         from .ops import relevancy
 
@@ -86,12 +92,9 @@ class SemanticField:
         neg = self.fold_queries(negatives.to(latents)) if negatives.numel() else pos.new_zeros(0, pos.shape[1])
         return relevancy(latents, pos, neg, self.norm_factor.to(latents), temperature)
 
-    def gaussian_relevancy(self, positives: Tensor, negatives: Tensor, temperature: float = 10.0) -> Tensor:
-        """Per-Gaussian relevancy [Q, N] (0 where ``valid`` is False)."""
-        rel = self.relevancy(self.latents.to(positives), positives, negatives, temperature).T
-        if self.valid is not None:
-            rel = rel * self.valid.to(rel.device)[None]
-        return rel
+    def gaussian_relevancy(self, positives: Tensor, negatives: Tensor, temperature: float = TEMPERATURE) -> Tensor:
+        """Per-Gaussian relevancy [Q, N] (0 where ``valid`` is False): :func:`rh3dgs.query.gaussian_relevancy`."""
+        return gaussian_relevancy(self, positives, negatives, temperature)
 
     def to(self, device) -> "SemanticField":
         return SemanticField(self.latents.to(device), self.decoder.to(device),

@@ -197,7 +197,7 @@ def test_eval_outputs_metrics_and_relevancy_hook(pipeline):
     r0 = rel["relevancy_0"]
     assert r0.shape == (*out["latents"].shape[:2], 1) and float(r0.min()) >= 0 and float(r0.max()) <= 1
     # matches decoding every pixel then LERF relevancy
-    from rh3dgs.query import relevancy
+    from rh3dgs.query import feature_relevancy as relevancy
 
     z = m.decode(out["latents"])
     ref = relevancy(z, pos, neg)
@@ -223,7 +223,7 @@ def test_viewer_path_does_not_use_compiled_viewmat(pipeline, monkeypatch):
 
 
 def test_rotate_sh_matches_rotated_evaluation():
-    from gsplat.cuda._torch_impl import _spherical_harmonics
+    from rh3dgs.ops._gsplat import spherical_harmonics_torch as _spherical_harmonics
 
     from rh3dgs.io.nerfstudio_run import rotate_sh
 

@@ -3,9 +3,10 @@ import math
 
 import pytest
 import torch
-from gsplat.cuda._torch_impl import _isect_offset_encode, _isect_tiles
 
 from rh3dgs.ops import isect_tiles
+from rh3dgs.ops._gsplat import isect_offset_encode_torch as _isect_offset_encode
+from rh3dgs.ops._gsplat import isect_tiles_torch as _isect_tiles
 
 
 @pytest.mark.parametrize("B,N,W,H,tile", [(1, 50, 64, 48, 16), (2, 120, 70, 33, 16), (3, 40, 32, 32, 8)])

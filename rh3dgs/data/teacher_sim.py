@@ -101,6 +101,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, InputFileError, ShapeError
+from ..query import CANONICAL_NEGATIVES  # the negatives every query compares with: their embeddings are written too
 from .labelled import BACKGROUND  # mask value "no surface" (in memory, negative values are background too)
 
 __all__ = [
@@ -113,9 +114,6 @@ __all__ = [
     "simulate_teacher",
     "upsample_feature_map",
 ]
-
-#: LERF's canonical negative phrases (relevancy = min over these of a pairwise softmax).
-CANONICAL_NEGATIVES: Tuple[str, ...] = ("object", "things", "stuff", "texture")
 
 # random-stream purposes (second entry of the SeedSequence)
 _S_PROTO, _S_FAIL, _S_NOISE, _S_OUTLIER, _S_TEXT = 0, 1, 2, 3, 4

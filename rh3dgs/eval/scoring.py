@@ -40,6 +40,7 @@ import torch
 
 from ..data.labelled import BACKGROUND, LabelledDataset
 from ..errors import ConfigError, InputFileError
+from ..query import TEMPERATURE, mask_low_alpha, relevancy_from_cosines
 from .metrics import boundary_iou, iou, miou_3d
 from .protocols import lerf_ovs_mask
 
@@ -56,14 +57,12 @@ def read_gt_dataset(dataset_dir: PathLike):
 
 def score_views(field_, latent_maps: Sequence[torch.Tensor], alphas: Sequence[torch.Tensor],
                 gt_masks: Sequence[np.ndarray], text: torch.Tensor, negatives: Optional[torch.Tensor] = None,
-                temperature: float = 10.0, dilation_ratio: float = 0.02, return_maps: bool = False):
+                temperature: float = TEMPERATURE, dilation_ratio: float = 0.02, return_maps: bool = False):
     """2D scores of rendered latent maps ``[H, W, d]`` against class masks (module docstring, ``ovs3d`` and
     ``lerf``). ``text`` [K, D] class embeddings; ``negatives`` [J, D] for the LERF protocol (None: skip it).
     Returns a dict: miou, mbiou, accuracy, lerf_miou, class_iou [K] (NaN = class never present),
     and with ``return_maps`` ``maps``: per view (argmax [H, W] with -1 on background, relevancy [K, H, W] or None).
     """
-    from ..query import relevancy_from_cosines
-
     K = text.shape[0]
     ious, bious, lerf_ious, correct, total = [], [], [], 0, 0
     per_class: List[List[float]] = [[] for _ in range(K)]
@@ -78,7 +77,7 @@ def score_views(field_, latent_maps: Sequence[torch.Tensor], alphas: Sequence[to
         rel = None
         if negatives is not None:
             ncos = field_.cosine(lat, negatives) if len(negatives) else lat.new_zeros(*lat.shape[:2], 0)
-            rel = (relevancy_from_cosines(cos, ncos, temperature) * (alpha >= 0.1)[..., None]).cpu().numpy()
+            rel = mask_low_alpha(relevancy_from_cosines(cos, ncos, temperature), alpha).cpu().numpy()
         for k in range(K):
             g, p = gt == k, pred_fg == k
             if g.any() or p.any():

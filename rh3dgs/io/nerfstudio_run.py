@@ -259,13 +259,13 @@ def rotate_sh(shN: Tensor, R: Tensor, n_dirs: int = 256) -> Tensor:
     K = shN.shape[1]
     if K == 0:
         return shN
-    from gsplat.cuda._torch_impl import _eval_sh_bases_fast
+    from ..ops._gsplat import eval_sh_bases
 
     gen = torch.Generator().manual_seed(0)
     X = F.normalize(torch.randn(n_dirs, 3, generator=gen, dtype=torch.float64), dim=-1)
     R = R.double()
-    Y = _eval_sh_bases_fast(K + 1, X.float()).double()[:, 1:]  # Y(d)      [M, K]
-    Yr = _eval_sh_bases_fast(K + 1, (X @ R.T).float()).double()[:, 1:]  # Y(R d) [M, K]
+    Y = eval_sh_bases(K + 1, X.float()).double()[:, 1:]  # Y(d)      [M, K]
+    Yr = eval_sh_bases(K + 1, (X @ R.T).float()).double()[:, 1:]  # Y(R d) [M, K]
     # color'(R d) = Yr c' = Y c  ->  c' = pinv(Yr) Y c
     M = torch.linalg.lstsq(Yr, Y).solution  # [K, K]
     return torch.einsum("kj,njc->nkc", M.to(shN.dtype), shN)
@@ -371,10 +371,8 @@ def load_nerfstudio_scene(
     teacher_spec: Dict[str, Any] = {}
     tcfg = getattr(config.pipeline.datamanager, "teacher", None)
     if tcfg is not None:
-        if tcfg.name == "precomputed" and not tcfg.features_dir and data_dir is not None:
-            tcfg = dataclasses.replace(tcfg, features_dir=str(data_dir / "features"))
         try:
-            teacher_spec = {"name": tcfg.name, **tcfg.teacher_kwargs()}
+            teacher_spec = tcfg.spec(data_dir)
         except Rh3dgsError:
             teacher_spec = {"name": tcfg.name}
     return gaussians, decoder, cameras, teacher_spec

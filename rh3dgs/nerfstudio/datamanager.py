@@ -1,9 +1,10 @@
 """``Rh3dgsDataManager``: nerfstudio's full-image datamanager + per-view teacher feature maps.
 
-Teacher maps come from rh3dgs's teacher layer (:mod:`rh3dgs.teachers`): the teacher named
-by ``teacher`` (``precomputed`` / ``clip`` / ``tiny-clip``) is run once per image through
-:func:`rh3dgs.teachers.extract_features` (an on-disk cache, reused across runs) and read with
-:func:`rh3dgs.teachers.load_cached`. Each training / eval batch carries ``batch["teacher"]``:
+Teacher maps come from rh3dgs's one provider :func:`rh3dgs.teachers.dataset_maps`, as for
+``rh3dgs extract`` / ``rh3dgs lift``: the teacher named by ``teacher`` (``precomputed`` / ``clip`` /
+``tiny-clip``) is read in place (``precomputed``) or run once per image into the on-disk feature
+cache, by default ``<data>/.rh3dgs_cache`` (the CLI's default too, so features that
+``rh3dgs extract`` computed are reused). Each training / eval batch carries ``batch["teacher"]``:
 ``[H, W, D]`` unit features at the camera's image size (or at the teacher's own resolution
 with ``teacher_at_image_size=False``; the model resizes to its loss resolution either way).
 
@@ -22,7 +23,7 @@ from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatama
 from nerfstudio.data.datasets.base_dataset import InputDataset
 from nerfstudio.utils.rich_utils import CONSOLE
 
-from ..teachers import TeacherConfig, extract_features, load_cached
+from ..teachers import DatasetMaps, TeacherConfig, dataset_maps, upsample_features
 
 __all__ = ["Rh3dgsDataManagerConfig", "Rh3dgsDataManager"]
 
@@ -35,7 +36,8 @@ class Rh3dgsDataManagerConfig(FullImageDatamanagerConfig):
     teacher: TeacherConfig = field(default_factory=lambda: TeacherConfig(name="precomputed"))
     """The 2D teacher (``precomputed`` reads ``<data>/features/<image stem>.npy`` by default)."""
     teacher_cache_dir: Optional[Path] = None
-    """Root of the feature cache (default ``<data dir>/rh3dgs_cache``)."""
+    """Root of the feature cache (default ``teacher.cache_dir``, else ``<data dir>/.rh3dgs_cache``:
+    :func:`rh3dgs.teachers.default_cache_dir`, the default of ``rh3dgs extract`` too)."""
     teacher_at_image_size: bool = True
     """Hand ``batch["teacher"]`` at the image size (False: at the teacher's resolution; saves
     memory on large images, the model resizes)."""
@@ -53,7 +55,7 @@ class Rh3dgsDataManager(FullImageDatamanager[InputDataset]):
         if str(device).startswith("cpu") and config.cache_images == "cpu":
             config.cache_images = "gpu"  # == the device; pin_memory() would need CUDA
         super().__init__(config, device, *args, **kwargs)
-        self._teacher_files: Dict[str, List[Path]] = {}
+        self._teacher_maps: Dict[str, DatasetMaps] = {}
         self._teacher_native: Dict[Tuple[str, int], torch.Tensor] = {}
         self.with_teacher = True
         """False (set by the pipeline for a model with ``semantics=False``): batches carry no teacher map."""
@@ -64,45 +66,41 @@ class Rh3dgsDataManager(FullImageDatamanager[InputDataset]):
         data = Path(self.config.dataparser.data)
         return data.parent if data.is_file() else data
 
-    def teacher_config(self) -> TeacherConfig:
-        """The teacher config with defaults resolved against the data folder."""
-        import dataclasses
-
-        t = self.config.teacher
-        if t.name == "precomputed" and not t.features_dir:
-            t = dataclasses.replace(t, features_dir=str(self.data_dir / "features"))
-        return t
-
     def teacher_spec(self) -> Dict:
-        """JSON-able spec ``{"name": ..., **kwargs}`` (for :func:`rh3dgs.teachers.teacher_from_spec`)."""
-        t = self.teacher_config()
-        return {"name": t.name, **t.teacher_kwargs()}
+        """JSON-able spec ``{"name": ..., **kwargs}`` (for :func:`rh3dgs.teachers.teacher_from_spec`),
+        defaults resolved against the data folder."""
+        return self.config.teacher.spec(self.data_dir)
 
     def _dataset(self, split: str):
         return self.train_dataset if split == "train" else self.eval_dataset
 
-    def teacher_files(self, split: str) -> List[Path]:
-        """Cached feature files of every image of ``split`` (extracted on first call)."""
-        if split not in self._teacher_files:
+    def dataset_maps(self, split: str) -> DatasetMaps:
+        """The teacher maps of every image of ``split`` (:func:`rh3dgs.teachers.dataset_maps`; computed
+        into the cache on first call; ``.stats`` says how many were computed / reused)."""
+        if split not in self._teacher_maps:
             ds = self._dataset(split)
             images = [Path(p) for p in ds._dataparser_outputs.image_filenames]
-            teacher = self.teacher_config().setup()
-            cache = Path(self.config.teacher_cache_dir) if self.config.teacher_cache_dir else self.data_dir / "rh3dgs_cache"
-            stats: Dict[str, int] = {}
-            self._teacher_files[split] = extract_features(teacher, images, cache, progress=False, stats=stats)
-            CONSOLE.log(f"rh3dgs teacher '{teacher.name}' ({split}): {stats.get('computed', 0)} computed, "
-                        f"{stats.get('reused', 0)} reused from {cache}")
-        return self._teacher_files[split]
+            t = self.config.teacher
+            teacher = t.setup(self.data_dir)
+            cache = self.config.teacher_cache_dir or t.cache_dir
+            maps = dataset_maps(teacher, images, cache, data_dir=self.data_dir, progress=False)
+            where = f"from {Path(maps.files[0]).parent}" if len(maps) else ""
+            CONSOLE.log(f"rh3dgs teacher '{teacher.name}' ({split}): {maps.stats.get('computed', 0)} computed, "
+                        f"{maps.stats.get('reused', 0)} reused{'' if maps.cached else ', read in place'} {where}")
+            self._teacher_maps[split] = maps
+        return self._teacher_maps[split]
+
+    def teacher_files(self, split: str) -> List[Path]:
+        """The file each image's map of ``split`` is read from (cache entries, or the teacher's own maps)."""
+        return self.dataset_maps(split).files
 
     def teacher_map(self, split: str, idx: int, size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
         """[h, w, D] unit teacher features of image ``idx`` (at ``size`` = (H, W) if given), on CPU."""
         key = (split, int(idx))
         if key not in self._teacher_native:
-            self._teacher_native[key] = load_cached(self.teacher_files(split)[idx]).half()
+            self._teacher_native[key] = self.dataset_maps(split)[idx].half()
         m = self._teacher_native[key].float()
         if size is not None and tuple(m.shape[:2]) != tuple(size):
-            from ..teachers import upsample_features
-
             m = upsample_features(m, size)
         return m
 

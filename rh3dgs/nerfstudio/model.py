@@ -52,6 +52,7 @@ from ..cameras import Cameras
 from ..errors import ConfigError, NonFiniteError
 from ..gaussians import Gaussians
 from ..lic import LICConfig, LICLoss
+from ..query import TEMPERATURE
 from ..teachers.maps import prepare_map
 from ..vcd import VCDConfig, reliability_weights
 from ..vfm import VFMConfig, vfm_loss
@@ -491,7 +492,7 @@ class Rh3dgsModel(SplatfactoModel):
 
     @torch.no_grad()
     def relevancy_outputs(self, outputs: Dict[str, Tensor], positives: Tensor, negatives: Optional[Tensor] = None,
-                          temperature: float = 10.0) -> Dict[str, Tensor]:
+                          temperature: float = TEMPERATURE) -> Dict[str, Tensor]:
         """Viewer hook: rendered latents -> ``relevancy_<i>`` maps [H, W, 1] in [0, 1].
 
         Args:

@@ -16,8 +16,8 @@ panel's elements appear in the *Control* tab under ``Custom Elements / model / t
 While the model is not training and a positive query is set, :meth:`TextQueryPanel.outputs` adds to the
 model's outputs (so nerfstudio's *Output type* dropdown lists them):
 
-* ``relevancy_<i>`` [H, W, 1] in [0, 1] for positive query ``i`` (:func:`rh3dgs.viewer.controls.relevancy_maps`,
-  zero where the accumulated opacity is below :data:`rh3dgs.viewer.controls.MIN_ALPHA`: the numbers of
+* ``relevancy_<i>`` [H, W, 1] in [0, 1] for positive query ``i`` (:func:`rh3dgs.query.relevancy_maps`,
+  zero where the accumulated opacity is below :data:`rh3dgs.query.MIN_ALPHA`: the numbers of
   ``Scene.render_relevancy``); nerfstudio's default colormap
   for one float channel is turbo on the absolute [0, 1] scale;
 * ``composited`` [H, W, 3]: :func:`rh3dgs.viewer.controls.compose_output` (RGB with the turbo heat map blended
@@ -25,7 +25,8 @@ model's outputs (so nerfstudio's *Output type* dropdown lists them):
   is above the threshold, :meth:`rh3dgs.viewer.controls.QueryControls.selection`) tinted magenta: a second
   one-channel render of the selection mask gives each pixel's selected fraction.
 
-The query logic is :mod:`rh3dgs.viewer.controls` (parsing, encodings cache, relevancy, overlay, selection);
+The query logic is :mod:`rh3dgs.query` (parsing, relevancy, selection) and :mod:`rh3dgs.viewer.controls`
+(encodings cache, overlay, the selection's cache);
 this module only binds it to nerfstudio's elements and the model.
 
 Text encoder: the datamanager's teacher (``precomputed`` reads ``features/text_embeddings.npz``; ``clip``
@@ -62,17 +63,8 @@ from nerfstudio.viewer.viewer_elements import (
 )
 
 from ..errors import ConfigError, Rh3dgsError
-from ..viewer.controls import (
-    DEFAULT_NEGATIVES,
-    OUTPUT_OVERLAY,
-    SHOW_ALL,
-    ControlState,
-    QueryControls,
-    compose_output,
-    heat_map,
-    parse_queries,
-    relevancy_maps,
-)
+from ..query import TEMPERATURE, THRESHOLD, parse_queries, reduce_queries, relevancy_maps
+from ..viewer.controls import DEFAULT_NEGATIVES, OUTPUT_OVERLAY, SHOW_ALL, ControlState, QueryControls, compose_output
 
 __all__ = ["ViewerMarkdown", "TextQueryPanel", "tint", "SELECTION_TINT", "SELECTION_TINT_STRENGTH", "COMPOSITED",
            "install_viewer_guard", "requested_viewer_host"]
@@ -177,7 +169,7 @@ class TextQueryPanel(torch.nn.Module):
     """
 
     # Attribute names sort in display order: parse_object lists dir(), which is alphabetical.
-    def __init__(self, model, temperature: float = 10.0) -> None:
+    def __init__(self, model, temperature: float = TEMPERATURE) -> None:
         super().__init__()
         install_viewer_guard()  # before nerfstudio builds its viser server (the model comes first)
         object.__setattr__(self, "_model_ref", weakref.ref(model))
@@ -194,7 +186,7 @@ class TextQueryPanel(torch.nn.Module):
                                        hint="text queries, separated by ';' (outputs relevancy_<i>, composited)")
         self.q2_negatives = ViewerText("Negatives", DEFAULT_NEGATIVES, cb_hook=self._on_queries,
                                        hint="canonical negatives, separated by ';'")
-        self.q3_threshold = ViewerSlider("Threshold", 0.5, 0.0, 1.0, 0.01,
+        self.q3_threshold = ViewerSlider("Threshold", THRESHOLD, 0.0, 1.0, 0.01,
                                          hint="relevancy threshold of the overlay and the 3D selection")
         self.q4_shown = ViewerDropdown("Show", SHOW_ALL, [SHOW_ALL],
                                        hint="which positive query drives 'composited' and the selection")
@@ -337,7 +329,7 @@ class TextQueryPanel(torch.nn.Module):
         alpha = out["accumulation"][..., 0]
         stack = relevancy_maps(ctl.field, out["latents"], alpha, pos, neg, self.temperature)  # [Q, H, W]
         rel = {f"relevancy_{i}": stack[i][..., None] for i in range(stack.shape[0])}
-        heat = heat_map(stack, st.shown_index)
+        heat = reduce_queries(stack, st.shown_index)
         img = compose_output(OUTPUT_OVERLAY, out["rgb"], heat, alpha, st.threshold)
         comp = torch.from_numpy(img).to(out["rgb"].device).float() / 255.0
         sel = ctl.selection(st)

@@ -21,13 +21,15 @@ __all__ = ["_ref_project_gaussians", "_ref_sh_colors", "_ref_rasterize_to_pixels
 
 @torch.no_grad()
 def _ref_relevancy(latents: Tensor, pos: Tensor, neg: Tensor, norm_factor: Tensor, temperature: float) -> Tensor:
-    """Reference of ``relevancy``: cosines of [..., d] latents (norm |R f|), then the LERF relevancy."""
-    from ..query import relevancy_from_cosines
-
+    """Reference of ``relevancy``: cosines of [..., d] latents (norm |R f|), then the LERF relevancy
+    sigmoid(tau (cos_q - max_j cos_neg_j)) (sigmoid(tau cos_q) without negatives), as
+    :func:`rh3dgs.query.relevancy_from_cosines` states it."""
     norm = torch.linalg.vector_norm(latents @ norm_factor.to(latents).T, dim=-1, keepdim=True).clamp_min(1e-12)
     Q = pos.shape[0]
     cos = latents @ torch.cat([pos, neg]).to(latents).T / norm
-    return relevancy_from_cosines(cos[..., :Q], cos[..., Q:], temperature)
+    if neg.shape[0] == 0:
+        return torch.sigmoid(temperature * cos)
+    return torch.sigmoid(temperature * (cos[..., :Q] - cos[..., Q:].max(dim=-1, keepdim=True).values))
 
 
 def _ref_lic_infonce(features: Tensor, anchors: Tensor, candidates: Tensor, kinds: Tensor,
@@ -51,21 +53,20 @@ def _ref_project_gaussians(means: Tensor, quats: Tensor, scales: Tensor, viewmat
                            far_plane: float = 1e10) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """Reference of ``project_gaussians``: gsplat's pure-torch covariance and fully fused projection
     (differentiable by autograd). Returns radii [B,N] int32, means2d, depths, conics."""
-    from gsplat.cuda._torch_impl import _fully_fused_projection, _quat_scale_to_covar_preci
+    from ._gsplat import fully_fused_projection_torch, quat_scale_to_covar
 
-    covars, _ = _quat_scale_to_covar_preci(quats, scales, compute_preci=False, triu=False)
-    radii, means2d, depths, conics, _ = _fully_fused_projection(means, covars, viewmats, Ks, width, height, eps2d=eps2d,
-                                                                near_plane=near_plane, far_plane=far_plane)
+    radii, means2d, depths, conics = fully_fused_projection_torch(means, quat_scale_to_covar(quats, scales), viewmats,
+                                                                  Ks, width, height, eps2d, near_plane, far_plane)
     return radii.int(), means2d, depths, conics
 
 
 def _ref_sh_colors(degree: int, means: Tensor, campos: Tensor, coeffs: Tensor) -> Tensor:
     """Reference of ``sh_colors``: gsplat's pure-torch SH evaluation of the directions
     ``means - campos`` (differentiable by autograd). Returns [B, N, 3]."""
-    from gsplat.cuda._torch_impl import _spherical_harmonics
+    from ._gsplat import spherical_harmonics_torch
 
     dirs = means[None] - campos[:, None, :]
-    return _spherical_harmonics(degree, dirs, coeffs[None].expand(campos.shape[0], -1, -1, -1))
+    return spherical_harmonics_torch(degree, dirs, coeffs[None].expand(campos.shape[0], -1, -1, -1))
 
 
 @torch.no_grad()

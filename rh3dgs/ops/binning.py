@@ -1,8 +1,9 @@
 """Tile binning of projected Gaussians (gsplat's layout and sort order).
 
 CPU: the native op ``torch.ops.rh3dgs.isect_tiles`` (csrc/cpu/binning.cpp: counting sort by
-tile, then depth order per tile). CUDA: gsplat's kernels. References for tests: gsplat's
-``_isect_tiles`` (a Python loop) and the vectorised :func:`rh3dgs.ops._ref._ref_isect_tiles`.
+tile, then depth order per tile). CUDA: gsplat's kernels (:mod:`rh3dgs.ops._gsplat`). References
+for tests: gsplat's ``_isect_tiles`` (a Python loop, :func:`rh3dgs.ops._gsplat.isect_tiles_torch`)
+and the vectorised :func:`rh3dgs.ops._ref._ref_isect_tiles`.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from torch import Tensor
 
 from ._backend import native_ops
+from ._gsplat import isect_offset_encode_cuda, isect_tiles_cuda
 
 __all__ = ["isect_tiles"]
 
@@ -33,13 +35,9 @@ def isect_tiles(
         (start of each tile's run in ``flatten_ids``), flatten_ids [M] int32 (b * N + n).
     """
     if means2d.is_cuda:
-        from gsplat.cuda._wrapper import isect_offset_encode
-        from gsplat.cuda._wrapper import isect_tiles as gs_isect_tiles
-
-        tiles_per_gauss, isect_ids, flatten_ids = gs_isect_tiles(
-            means2d, radii, depths, tile_size, tile_width, tile_height, packed=False
-        )
-        offsets = isect_offset_encode(isect_ids, means2d.shape[0], tile_width, tile_height)
+        tiles_per_gauss, isect_ids, flatten_ids = isect_tiles_cuda(means2d, radii, depths, tile_size, tile_width,
+                                                                   tile_height)
+        offsets = isect_offset_encode_cuda(isect_ids, means2d.shape[0], tile_width, tile_height)
         return tiles_per_gauss, offsets, flatten_ids
 
     return native_ops().isect_tiles(means2d.detach(), radii, depths.detach(), int(tile_size), int(tile_width),

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from ..errors import ShapeError
 from ._backend import native_ops
+from ._gsplat import fully_fused_projection_cuda
 
 __all__ = ["project_gaussians"]
 
@@ -89,11 +90,9 @@ def project_gaussians(
         raise ShapeError(f"project_gaussians: viewmats [B,4,4] and Ks [B,3,3] expected, got "
                          f"{list(viewmats.shape)}, {list(Ks.shape)}")
     if means.is_cuda:
-        from gsplat.cuda._wrapper import fully_fused_projection
-
-        radii, means2d, depths, conics, _ = fully_fused_projection(
-            means, None, quats, scales, viewmats, Ks, int(width), int(height), eps2d=eps2d, near_plane=near_plane,
-            far_plane=far_plane, packed=False,
+        radii, means2d, depths, conics = fully_fused_projection_cuda(
+            means, quats, scales, viewmats, Ks, int(width), int(height), eps2d=eps2d, near_plane=near_plane,
+            far_plane=far_plane,
         )
         return radii.int(), means2d, depths, conics
     args = [t.float().contiguous() for t in (means, quats, scales, viewmats, Ks)]

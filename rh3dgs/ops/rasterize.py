@@ -20,6 +20,7 @@ from torch import Tensor
 
 from ..errors import ShapeError
 from ._backend import has_native_kernel, native_ops
+from ._gsplat import rasterize_to_pixels_cuda
 
 __all__ = ["RasterOutput", "rasterize_to_pixels"]
 
@@ -76,15 +77,13 @@ class _RasterizeNative(torch.autograd.Function):
 def _rasterize_gsplat(means2d, conics, features, opacities, depths, backgrounds, width, height, tile_size,
                       isect_offsets, flatten_ids) -> RasterOutput:
     """CUDA fallback when rh3dgs was built without CUDA kernels: gsplat with [f, z, z^2] channels."""
-    from gsplat.cuda._wrapper import rasterize_to_pixels as gs_rasterize
-
     C = features.shape[-1]
     stacked = torch.cat([features, depths[..., None], depths[..., None] ** 2], dim=-1)
     bg = None
     if backgrounds is not None:
         bg = torch.cat([backgrounds, backgrounds.new_zeros(backgrounds.shape[0], 2)], dim=-1)
-    out, alpha = gs_rasterize(means2d, conics, stacked, opacities, width, height, tile_size, isect_offsets,
-                              flatten_ids, backgrounds=bg)
+    out, alpha = rasterize_to_pixels_cuda(means2d, conics, stacked, opacities, width, height, tile_size,
+                                          isect_offsets, flatten_ids, backgrounds=bg)
     return RasterOutput(out[..., :C], alpha[..., 0], out[..., C], out[..., C + 1])
 
 

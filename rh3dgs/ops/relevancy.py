@@ -18,8 +18,12 @@ __all__ = ["relevancy"]
 
 
 @torch.no_grad()
-def relevancy(latents: Tensor, pos: Tensor, neg: Tensor, norm_factor: Tensor, temperature: float = 10.0) -> Tensor:
-    """[..., d] latents, pos [Q, d], neg [J, d], norm_factor [r, d] -> relevancy [..., Q] in [0, 1]."""
+def relevancy(latents: Tensor, pos: Tensor, neg: Tensor, norm_factor: Tensor, temperature: float) -> Tensor:
+    """[..., d] latents, pos [Q, d], neg [J, d], norm_factor [r, d], tau -> relevancy [..., Q] in [0, 1].
+
+    Called through :meth:`rh3dgs.field.SemanticField.relevancy` (which folds the queries; the default
+    temperature is :data:`rh3dgs.query.TEMPERATURE`).
+    """
     d = latents.shape[-1]
     for name, t in (("pos", pos), ("neg", neg), ("norm_factor", norm_factor)):
         if t.dim() != 2 or t.shape[1] != d:

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from ..errors import ShapeError
 from ._backend import native_ops
+from ._gsplat import spherical_harmonics_cuda
 
 __all__ = ["sh_colors"]
 
@@ -63,9 +64,7 @@ def sh_colors(degree: int, means: Tensor, campos: Tensor, coeffs: Tensor) -> Ten
         raise ShapeError(f"sh_colors: degree 0-3, means [N,3], campos [B,3], coeffs [N,K>={nb},3] expected, got "
                          f"{degree}, {list(means.shape)}, {list(campos.shape)}, {list(coeffs.shape)}")
     if means.is_cuda:
-        from gsplat.cuda._wrapper import spherical_harmonics
-
         dirs = means[None] - campos[:, None, :]
-        return spherical_harmonics(degree, dirs, coeffs[None].expand(campos.shape[0], -1, -1, -1))
+        return spherical_harmonics_cuda(degree, dirs, coeffs[None].expand(campos.shape[0], -1, -1, -1))
     return _SHNative.apply(int(degree), means.float().contiguous(), campos.float().contiguous(),
                            coeffs.float().contiguous())

@@ -1,4 +1,4 @@
-"""The 2D teacher interface, its configuration and the teacher registry.
+"""The 2D teacher interface and the image helpers every teacher shares.
 
 A *teacher* turns images into dense, L2-normalised D-dimensional feature maps and text
 queries into unit D-vectors in the same space. Three are built in:
@@ -7,33 +7,25 @@ queries into unit D-vectors in the same space. Three are built in:
 * ``"tiny-clip"``   - a tiny, random-initialised open_clip ViT for tests (:mod:`.tiny`);
 * ``"precomputed"`` - bring-your-own feature maps read from disk (:mod:`.precomputed`).
 
+Each teacher class knows how to build itself from a :class:`~rh3dgs.teachers.registry.TeacherConfig`
+(:meth:`Teacher.kwargs_from_config`), how to describe its cache key (:meth:`Teacher.cache_key`)
+and whether its maps are computed and cached or read in place (:meth:`Teacher.map_files`); the
+registry (names -> classes) is :mod:`.registry`. This module imports none of its subclasses.
+
 Heavy dependencies (open_clip, timm) are imported only when a teacher is built.
 """
 from __future__ import annotations
 
 import abc
-import dataclasses
 import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
-import torch.nn.functional as F
 
 from ..errors import ConfigError, InputFileError, NonFiniteError, ShapeError
 
-__all__ = [
-    "Teacher",
-    "TeacherConfig",
-    "make_teacher",
-    "register_teacher",
-    "available_teachers",
-    "upsample_features",
-    "load_image",
-    "check_images",
-    "resolve_device",
-]
+__all__ = ["Teacher", "load_image", "check_images", "resolve_device"]
 
 PathLike = Union[str, Path]
 
@@ -52,21 +44,6 @@ def resolve_device(device: Union[str, torch.device, None]) -> torch.device:
         raise ConfigError(f"teacher device {device!r} is not on this machine ({torch.cuda.device_count()} CUDA "
                           "devices): set the teacher's device to 'auto' or 'cpu'")
     return dev
-
-
-def upsample_features(fmap: torch.Tensor, out_size: Optional[Tuple[int, int]] = None,
-                      eps: float = 1e-12) -> torch.Tensor:
-    """Resize a feature map ``[h, w, D]`` to ``out_size = (H, W)`` and renormalise.
-
-    Bilinear, ``align_corners=False`` (pixel centres, like image resizing). Each output
-    vector is L2-normalised again (interpolating unit vectors shrinks them). With
-    ``out_size=None`` or the same size, only the normalisation is applied. Returns
-    float32. Pixels whose interpolated vector is (numerically) zero - which can only
-    happen between opposite vectors - stay zero.
-    """
-    from .maps import prepare_map
-
-    return prepare_map(fmap, tuple(fmap.shape[:2]) if out_size is None else out_size)
 
 
 def load_image(path: PathLike) -> torch.Tensor:
@@ -144,7 +121,21 @@ class Teacher(abc.ABC):
     def cache_key(self) -> str:
         """A string that changes whenever the features would (model, weights, settings)."""
 
+    # -- building ------------------------------------------------------------------------
+    @classmethod
+    def kwargs_from_config(cls, config: Any, data_dir: Optional[PathLike] = None) -> Dict[str, Any]:
+        """Constructor keyword arguments from a :class:`~rh3dgs.teachers.registry.TeacherConfig`
+        (JSON-able: they are what a teacher spec stores); defaults that depend on the dataset are
+        resolved against ``data_dir``. The base teacher takes none."""
+        return {}
+
     # -- hooks with sensible defaults -------------------------------------------------
+    def map_files(self, image_paths: Sequence[PathLike]) -> Optional[List[Path]]:
+        """Files that already hold these images' maps, read in place with :meth:`features_for_path`
+        (never cached), or ``None``: the maps are computed and cached
+        (:func:`rh3dgs.teachers.maps.dataset_maps`). Default ``None``."""
+        return None
+
     def features_for_path(self, image_path: PathLike) -> torch.Tensor:
         """Feature map ``[h, w, D]`` (unit, float32, CPU) of one image file."""
         return self.encode_images(load_image(image_path))[0].float().cpu()
@@ -159,145 +150,6 @@ class Teacher(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.cache_key()})"
-
-
-# ------------------------------------------------------------------------- config
-@dataclass
-class TeacherConfig:
-    """Everything needed to build a teacher (a field of the training / lift configs).
-
-    Attributes:
-        name: registry name: ``"clip"``, ``"tiny-clip"`` or ``"precomputed"``.
-        model: open_clip architecture (``"ViT-B-16"``); ignored by "tiny-clip" / "precomputed".
-        pretrained: open_clip pretrained tag (``"laion2b_s34b_b88k"``), downloaded by
-            open_clip on a networked machine; ``None`` when ``checkpoint`` is given.
-        checkpoint: local weights file (state dict) for ``model``; takes precedence
-            over ``pretrained``.
-        image_size: short side (pixels) the image is resized to before the ViT; ``None``
-            = the model's native input size (224 for ViT-B-16). Both sides are rounded
-            to multiples of the patch size, so the map is ``[size/patch, ...]``.
-        scales: multi-scale crop pyramid (LERF-style); ``(1.0,)`` = dense map only.
-            See :class:`rh3dgs.teachers.clip.ClipTeacher`.
-        crop_overlap: overlap of neighbouring crops in the pyramid, in [0, 1).
-        dense_path: ``"maskclip"`` (last block keeps residual + MLP, as MaskCLIP) or
-            ``"value-only"`` (out_proj(v) alone).
-        device: ``"auto"`` (CUDA if available), ``"cpu"``, ``"cuda:0"``...
-        cache_dir: folder of the on-disk feature cache (:func:`rh3dgs.teachers.cache.extract_features`).
-        features_dir: for "precomputed": folder with ``<image stem>.npy`` maps and
-            ``text_embeddings.npz`` (default ``<data>/features``).
-        seed: for "tiny-clip": seed of the random initialisation.
-        batch_size: crops per forward pass in the pyramid.
-    """
-
-    name: str = "clip"
-    model: str = "ViT-B-16"
-    pretrained: Optional[str] = "laion2b_s34b_b88k"
-    checkpoint: Optional[str] = None
-    image_size: Optional[int] = None
-    scales: Tuple[float, ...] = (1.0,)
-    crop_overlap: float = 0.5
-    dense_path: str = "maskclip"
-    device: str = "auto"
-    cache_dir: Optional[str] = None
-    features_dir: Optional[str] = None
-    seed: int = 0
-    batch_size: int = 64
-
-    def teacher_kwargs(self) -> Dict[str, Any]:
-        """Keyword arguments for :func:`make_teacher` for this config's ``name``."""
-        clip_common = dict(image_size=self.image_size, scales=tuple(self.scales),
-                           crop_overlap=self.crop_overlap, dense_path=self.dense_path,
-                           device=self.device, batch_size=self.batch_size)
-        if self.name == "clip":
-            return dict(model=self.model, pretrained=self.pretrained, checkpoint=self.checkpoint,
-                        **clip_common)
-        if self.name == "tiny-clip":
-            return dict(seed=self.seed, **clip_common)
-        if self.name == "precomputed":
-            if not self.features_dir:
-                raise ConfigError("teacher 'precomputed' needs features_dir "
-                                  "(the folder with <image stem>.npy feature maps)")
-            return dict(features_dir=self.features_dir)
-        return {}
-
-    def setup(self) -> "Teacher":
-        """Build the teacher this config describes."""
-        return make_teacher(self.name, **self.teacher_kwargs())
-
-    def to_dict(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-# ------------------------------------------------------------------------- registry
-def _make_clip(**kwargs: Any) -> Teacher:
-    from .clip import ClipTeacher
-
-    return ClipTeacher(**kwargs)
-
-
-def _make_tiny(**kwargs: Any) -> Teacher:
-    from .tiny import TinyClipTeacher
-
-    return TinyClipTeacher(**kwargs)
-
-
-def _make_precomputed(**kwargs: Any) -> Teacher:
-    from .precomputed import PrecomputedTeacher
-
-    return PrecomputedTeacher(**kwargs)
-
-
-_REGISTRY: Dict[str, Callable[..., Teacher]] = {
-    "clip": _make_clip,
-    "precomputed": _make_precomputed,
-    "tiny-clip": _make_tiny,
-}
-
-
-def register_teacher(name: str, factory: Callable[..., Teacher], overwrite: bool = False) -> None:
-    """Add a teacher kind: ``make_teacher(name, **kw)`` will call ``factory(**kw)``."""
-    if name in _REGISTRY and not overwrite:
-        raise ConfigError(f"teacher {name!r} is already registered (pass overwrite=True to replace it)")
-    _REGISTRY[name] = factory
-
-
-def available_teachers() -> List[str]:
-    """Registered teacher names, sorted."""
-    return sorted(_REGISTRY)
-
-
-def make_teacher(name: str, **kwargs: Any) -> Teacher:
-    """Build a teacher by registry name; unknown names raise :class:`ConfigError`.
-
-    ``kwargs`` go to the teacher's constructor, e.g.
-    ``make_teacher("clip", model="ViT-B-16", checkpoint="ViT-B-16.bin")`` or
-    ``make_teacher("precomputed", features_dir="scene/features")``.
-    """
-    factory = _REGISTRY.get(name)
-    if factory is None:
-        raise ConfigError(f"unknown teacher {name!r}; known teachers: {', '.join(available_teachers())}")
-    try:
-        return factory(**kwargs)
-    except TypeError as e:
-        if "unexpected keyword argument" in str(e) or "got an unexpected" in str(e):
-            raise ConfigError(f"teacher {name!r}: {e}") from None
-        raise
-
-
-_PATH_KEYS = ("features_dir", "data_dir", "text_embeddings", "checkpoint", "cache_dir")
-
-
-def teacher_from_spec(spec: Dict[str, Any], base: Optional[PathLike] = None) -> Teacher:
-    """Build a teacher from a JSON-able spec ``{"name": ..., **kwargs}`` (as stored in a scene's
-    rh3dgs.json); relative paths in path-valued keys are resolved against ``base``."""
-    if not isinstance(spec, dict) or "name" not in spec:
-        raise ConfigError(f"teacher spec must be a dict with a 'name', got {spec!r}")
-    kw = {k: v for k, v in spec.items() if k != "name"}
-    if base is not None:
-        for k in _PATH_KEYS:
-            if isinstance(kw.get(k), str) and not Path(kw[k]).is_absolute():
-                kw[k] = str(Path(base) / kw[k])
-    return make_teacher(spec["name"], **kw)
 
 
 def _stable_json(obj: Any) -> str:

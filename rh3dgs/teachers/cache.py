@@ -44,9 +44,9 @@ from ..errors import FeatureFormatError, InputFileError, NonFiniteError, ShapeEr
 from ..io.arrays import NPY_READ_ERRORS
 from ..io.atomic import atomic_save_bytes, atomic_save_json
 from ..progress import track
-from .base import Teacher, upsample_features
+from .base import Teacher
 
-__all__ = ["extract_features", "load_cached", "teacher_cache_dir", "file_sha256", "MANIFEST_NAME"]
+__all__ = ["extract_features", "read_cached", "teacher_cache_dir", "file_sha256", "MANIFEST_NAME"]
 
 MANIFEST_NAME = "manifest.json"
 _PART_GLOB = "manifest.rank*.json"  # per-rank journals of a distributed run
@@ -194,7 +194,8 @@ def extract_features(teacher: Teacher, image_paths: Sequence[PathLike], cache_di
             rank must call it with the same arguments; every rank gets the full list of paths.
 
     Only entries that are missing or fail their checksum are computed. Load the results
-    with :func:`load_cached`.
+    with :func:`rh3dgs.teachers.maps.load_cached` (or let :func:`rh3dgs.teachers.maps.dataset_maps`
+    do both).
     """
     images = [Path(p) for p in image_paths]
     for p in images:
@@ -266,11 +267,11 @@ def extract_features(teacher: Teacher, image_paths: Sequence[PathLike], cache_di
     return [folder / f"{e}.npy" for e in entries]
 
 
-def load_cached(path: PathLike, out_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
-    """Read a cached map -> ``[H, W, D]`` float32 unit vectors.
+def read_cached(path: PathLike) -> torch.Tensor:
+    """Read a cached map as stored -> ``[h, w, D]`` float32 (the teacher's resolution, float16-rounded).
 
-    With ``out_size = (H, W)`` the map is bilinearly upsampled to the image size and
-    renormalised; otherwise it is returned at the teacher's resolution.
+    Every problem raises :class:`~rh3dgs.errors.FeatureFormatError` naming the file. Consumers use
+    :func:`rh3dgs.teachers.maps.load_cached`, which also renormalises (and resizes).
     """
     path = Path(path)
     if not path.is_file():
@@ -286,4 +287,4 @@ def load_cached(path: PathLike, out_size: Optional[Tuple[int, int]] = None) -> t
     t = torch.from_numpy(np.ascontiguousarray(arr)).float()
     if not bool(torch.isfinite(t).all()):
         raise FeatureFormatError(path, "cached features contain NaN/Inf", field="values")
-    return upsample_features(t, out_size)
+    return t

@@ -179,6 +179,18 @@ class ClipTeacher(Teacher):
         self._dim = int(visual.proj.shape[1])
         self._tokenizer = None
 
+    # ------------------------------------------------------------------ building
+    @staticmethod
+    def _dense_kwargs(config: Any) -> Dict[str, Any]:
+        """The dense-path settings of a TeacherConfig (shared with the tiny teacher)."""
+        return dict(image_size=config.image_size, scales=list(config.scales), crop_overlap=config.crop_overlap,
+                    dense_path=config.dense_path, device=config.device, batch_size=config.batch_size)
+
+    @classmethod
+    def kwargs_from_config(cls, config: Any, data_dir: Any = None) -> Dict[str, Any]:
+        return dict(model=config.model, pretrained=config.pretrained, checkpoint=config.checkpoint,
+                    **cls._dense_kwargs(config))
+
     # ------------------------------------------------------------------ loading
     def _load(self, pretrained: Optional[str], checkpoint: Optional[Union[str, Path]],
               download_dir: Optional[str]) -> Tuple[nn.Module, str]:

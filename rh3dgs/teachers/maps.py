@@ -11,6 +11,14 @@ A collection of maps for B views is a :data:`TeacherMaps`: a ``[B, h, w, D]`` te
 of ``[h, w, D]`` maps, or a callable ``i -> [h, w, D]`` that streams them (e.g. from the feature
 cache), so that nothing needs all maps in memory at once.
 
+It is also the one provider ``dataset -> per-view maps``, :func:`dataset_maps`, used by
+``rh3dgs extract`` / ``rh3dgs lift`` and the nerfstudio data manager alike: a teacher whose maps
+are files already (``precomputed``, :meth:`~rh3dgs.teachers.base.Teacher.map_files`) is read in
+place; any other is run once per image into the on-disk feature cache
+(:func:`rh3dgs.teachers.cache.extract_features`), whose one default location is
+``<data>/.rh3dgs_cache`` (:func:`default_cache_dir`), so every entry point reuses what another
+computed.
+
 >>> import torch
 >>> from rh3dgs.teachers.maps import prepare_map
 >>> m = torch.randn(4, 4, 8)                      # a 4x4 patch grid of 8-d features
@@ -19,15 +27,21 @@ torch.Size([16, 16, 8])
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence, Tuple, Union
+import collections.abc
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..errors import NonFiniteError, ShapeError
+from ..errors import ConfigError, NonFiniteError, ShapeError
+from .cache import extract_features, read_cached
 
-__all__ = ["TeacherMaps", "get_map", "map_dim", "prepare_map", "prepare_maps"]
+__all__ = ["TeacherMaps", "get_map", "map_dim", "prepare_map", "prepare_maps", "upsample_features", "load_cached",
+           "DEFAULT_CACHE_DIRNAME", "default_cache_dir", "DatasetMaps", "dataset_maps"]
+
+PathLike = Union[str, Path]
 
 #: B per-view maps: a [B, h, w, D] tensor, a sequence of [h, w, D] maps, or a callable i -> [h, w, D].
 TeacherMaps = Union[Tensor, Sequence[Tensor], Callable[[int], Tensor]]
@@ -76,3 +90,85 @@ def prepare_maps(teacher_maps: TeacherMaps, views: Sequence[int], size: Tuple[in
     """:func:`prepare_map` of each of ``views`` -> ``[len(views), H, W, D]`` on ``device``."""
     out = torch.stack([prepare_map(get_map(teacher_maps, i), size, i) for i in views])
     return out if device is None else out.to(device)
+
+
+def upsample_features(fmap: Tensor, out_size: Optional[Tuple[int, int]] = None) -> Tensor:
+    """:func:`prepare_map` at ``out_size = (H, W)``, or at the map's own size when ``None``.
+
+    Bilinear, ``align_corners=False`` (pixel centres, like image resizing); each output vector is
+    L2-normalised again (interpolating unit vectors shrinks them). Returns float32.
+    """
+    return prepare_map(fmap, tuple(fmap.shape[:2]) if out_size is None else out_size)
+
+
+def load_cached(path: PathLike, out_size: Optional[Tuple[int, int]] = None) -> Tensor:
+    """Read a feature-cache entry -> ``[H, W, D]`` float32 unit vectors.
+
+    With ``out_size = (H, W)`` the map is bilinearly upsampled to the image size and
+    renormalised; otherwise it is returned at the teacher's resolution (renormalised).
+    """
+    return upsample_features(read_cached(path), out_size)
+
+
+# ------------------------------------------------------------------------------ the provider
+DEFAULT_CACHE_DIRNAME = ".rh3dgs_cache"
+"""Name of the feature cache folder inside a dataset folder: the default of every entry point."""
+
+
+def default_cache_dir(data_dir: PathLike) -> Path:
+    """``<data_dir>/.rh3dgs_cache``: where teacher features are cached unless a cache folder is given."""
+    return Path(data_dir) / DEFAULT_CACHE_DIRNAME
+
+
+class DatasetMaps(collections.abc.Sequence):
+    """Per-view teacher maps of a dataset's images (a :data:`TeacherMaps` sequence, read on access).
+
+    ``maps[i]`` -> ``[h, w, D]`` unit float32 on CPU at the teacher's resolution; ``files[i]`` is
+    the file it is read from (a feature-cache entry when ``cached``, else the teacher's own map);
+    ``stats`` counts ``images`` and the cache's ``computed`` / ``reused`` / ``invalid`` entries
+    (0 computed when read in place).
+    """
+
+    def __init__(self, teacher: Any, files: List[Path], cached: bool, stats: Dict[str, Any]) -> None:
+        self.teacher, self.files, self.cached, self.stats = teacher, files, cached, stats
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> Tensor:  # type: ignore[override]
+        path = self.files[i]
+        return load_cached(path) if self.cached else self.teacher.features_for_path(path)
+
+    def __repr__(self) -> str:
+        return f"DatasetMaps({self.teacher.name}, {len(self)} views, cached={self.cached})"
+
+
+def dataset_maps(teacher: Any, image_paths: Sequence[PathLike], cache_dir: Optional[PathLike] = None, *,
+                 data_dir: Optional[PathLike] = None, progress: bool = True, distributed: bool = False) -> DatasetMaps:
+    """The teacher maps of ``image_paths`` (the provider every entry point uses).
+
+    Args:
+        teacher: a :class:`~rh3dgs.teachers.base.Teacher`.
+        image_paths: the dataset's images, in view order.
+        cache_dir: root of the feature cache; default :func:`default_cache_dir` of ``data_dir``.
+        data_dir: the dataset folder (for the default cache folder).
+        progress: progress bar while features are computed.
+        distributed: compute the missing entries data-parallel over the initialised
+            ``torch.distributed`` group (collective; see :mod:`rh3dgs.teachers.cache`).
+
+    A teacher with :meth:`~rh3dgs.teachers.base.Teacher.map_files` (``precomputed``) is read in
+    place: nothing is computed or cached. Any other computes only the entries its cache lacks.
+    """
+    images = [Path(p) for p in image_paths]
+    files = teacher.map_files(images)
+    if files is not None:
+        return DatasetMaps(teacher, list(files), False, {"images": len(images), "computed": 0, "reused": 0,
+                                                          "invalid": 0})
+    if cache_dir is None:
+        if data_dir is None:
+            raise ConfigError(f"teacher {teacher.name!r}: give the feature cache folder or the dataset folder "
+                              f"(default cache: <data>/{DEFAULT_CACHE_DIRNAME})")
+        cache_dir = default_cache_dir(data_dir)
+    stats: Dict[str, Any] = {}
+    paths = extract_features(teacher, images, cache_dir, progress=progress, stats=stats, distributed=distributed)
+    return DatasetMaps(teacher, paths, True, stats)

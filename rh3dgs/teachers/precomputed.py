@@ -19,14 +19,15 @@ from __future__ import annotations
 import hashlib
 import zipfile
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError, FeatureFormatError, MemoryLimitError
-from .base import Teacher, check_images, upsample_features
+from .base import Teacher, check_images
+from .maps import upsample_features
 
 __all__ = ["PrecomputedTeacher", "read_feature_file", "validate_feature_map", "FEATURE_SUFFIXES",
            "TEXT_EMBEDDINGS_NAME"]
@@ -171,6 +172,20 @@ class PrecomputedTeacher(Teacher):
         self._dim: Optional[int] = None
         self._dim_source: Optional[Path] = None
         self._text: Optional[Dict[str, np.ndarray]] = None
+
+    # ------------------------------------------------------------------ building
+    @classmethod
+    def kwargs_from_config(cls, config: Any, data_dir: Optional[PathLike] = None) -> Dict[str, Any]:
+        """``features_dir`` (default ``<data_dir>/features``), as an absolute path."""
+        features_dir = config.features_dir or (Path(data_dir) / "features" if data_dir is not None else None)
+        if not features_dir:
+            raise ConfigError("teacher 'precomputed' needs features_dir "
+                              "(the folder with <image stem>.npy feature maps)")
+        return dict(features_dir=str(Path(features_dir).expanduser().resolve()))
+
+    def map_files(self, image_paths: Sequence[PathLike]) -> List[Path]:
+        """The feature file of every image (the maps are read in place, never cached)."""
+        return [self.feature_path(p) for p in image_paths]
 
     # ------------------------------------------------------------------ lookup
     def feature_path(self, stem_or_path: PathLike) -> Path:

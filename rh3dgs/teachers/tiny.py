@@ -16,7 +16,7 @@ import os
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Dict
 
 import torch
 
@@ -83,3 +83,7 @@ class TinyClipTeacher(ClipTeacher):
         super().__init__(model=TINY_MODEL_NAME, pretrained=None, device=device,
                          model_obj=create_tiny_model(self.seed), weights_id=f"random-seed:{self.seed}",
                          **kwargs)
+
+    @classmethod
+    def kwargs_from_config(cls, config: Any, data_dir: Any = None) -> Dict[str, Any]:
+        return dict(seed=config.seed, **cls._dense_kwargs(config))

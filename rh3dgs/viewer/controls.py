@@ -3,12 +3,12 @@
 Shared by ``rh3dgs view`` and the nerfstudio viewer plugin. Three layers, so the plugin can
 take whichever it needs:
 
-1. **Pure functions** (no viser, no :class:`~rh3dgs.api.Scene`): :func:`parse_queries`,
-   :func:`relevancy_maps` (latent map -> [Q, H, W], the same numbers as
-   ``Scene.render_relevancy``), :func:`heat_map`, :func:`compose_output` (RGB / turbo heat map /
-   overlay, via :mod:`rh3dgs.viz`), :func:`select_gaussians` (on
-   ``SemanticField.gaussian_relevancy``: the same numbers as ``Scene.relevancy`` / ``Scene.select``),
-   :func:`export_selection`.
+1. **Pure functions** (no viser, no :class:`~rh3dgs.api.Scene`): :func:`compose_output` (RGB / turbo
+   heat map / overlay, via :mod:`rh3dgs.viz`), :func:`export_selection`. The query rules are
+   :mod:`rh3dgs.query`'s (re-exported here for the viewers): :func:`parse_queries`,
+   :func:`relevancy_maps` (latent map -> [Q, H, W], the numbers of ``Scene.render_relevancy``),
+   :func:`heat_map` (``query.reduce_queries``), :func:`select_gaussians` (the numbers of
+   ``Scene.select``).
 2. :class:`QueryControls`: the user's choices (:class:`ControlState`) plus cached query
    encodings, per-Gaussian relevancy and the current selection for one semantic field.
    Thread-safe; no viser. ``frame(rgb, latent_map, alpha)`` turns a render into the image to show.
@@ -31,7 +31,18 @@ from torch import Tensor
 
 from ..errors import ConfigError, Rh3dgsError
 from ..field import SemanticField
-from ..query import CANONICAL_NEGATIVES
+from ..query import (
+    CANONICAL_NEGATIVES,
+    MIN_ALPHA,
+    TEMPERATURE,
+    THRESHOLD,
+    format_queries,
+    gaussian_relevancy,
+    parse_queries,
+    relevancy_maps,
+    select_gaussians,
+)
+from ..query import reduce_queries as heat_map
 from ..viz import overlay_heatmap, turbo
 
 __all__ = [
@@ -46,48 +57,10 @@ OUTPUT_HEAT = "Relevancy (turbo)"
 OUTPUT_OVERLAY = "RGB + relevancy"
 OUTPUTS: Tuple[str, ...] = (OUTPUT_OVERLAY, OUTPUT_HEAT, OUTPUT_RGB)
 SHOW_ALL = "all queries (max)"
-DEFAULT_NEGATIVES = ";".join(CANONICAL_NEGATIVES)
-MIN_ALPHA = 0.1
+DEFAULT_NEGATIVES = format_queries(CANONICAL_NEGATIVES)
 
 
 # ------------------------------------------------------------------------------ pure functions
-def parse_queries(text: Optional[str]) -> Tuple[str, ...]:
-    """``"red ball; blue box;;red ball"`` -> ``("red ball", "blue box")``.
-
-    Semicolon-separated; whitespace around and inside each phrase is normalised to single
-    spaces; empty items and repeats are dropped (first occurrence kept).
-    """
-    out = []
-    for part in (text or "").split(";"):
-        q = " ".join(part.split())
-        if q and q not in out:
-            out.append(q)
-    return tuple(out)
-
-
-def format_queries(queries: Sequence[str]) -> str:
-    return ";".join(queries)
-
-
-def relevancy_maps(field_: SemanticField, latent_map: Tensor, alpha: Tensor, positives: Tensor, negatives: Tensor,
-                   temperature: float = 10.0, min_alpha: float = MIN_ALPHA) -> Tensor:
-    """Rendered latents [H, W, d] + accumulated opacity [H, W] -> relevancy [Q, H, W] in [0, 1].
-
-    ``positives`` [Q, D] / ``negatives`` [J, D] are unit teacher-space query vectors. Pixels with
-    ``alpha < min_alpha`` get 0. Equals ``Scene.render_relevancy`` for the same render; positives
-    and negatives share one pass over the pixels (one latent norm per pixel).
-    """
-    rel = field_.relevancy(latent_map, positives, negatives, temperature)  # [H, W, Q]
-    return rel.masked_fill_(~(alpha >= min_alpha)[..., None], 0.0).permute(2, 0, 1)  # (NaN alpha: 0 too)
-
-
-def heat_map(relevancy: Tensor, index: Optional[int] = None) -> Tensor:
-    """[Q, ...] relevancy -> [...] for query ``index`` (``None``: max over the queries)."""
-    if relevancy.shape[0] == 0:
-        raise ConfigError("no queries to make a heat map of")
-    return relevancy.max(dim=0).values if index is None else relevancy[index]
-
-
 def _to_uint8(rgb: Tensor) -> np.ndarray:
     # = (clamp(rgb, 0, 1) * 255).round() bit for bit (x * 255 is monotone and exact at 0 and 255), in place
     return (rgb.detach().float().cpu() * 255).clamp_(0, 255).round_().to(torch.uint8).numpy()
@@ -110,7 +83,7 @@ def turbo_fast(x: Tensor) -> Tensor:
 
 
 def compose_output(output: str, rgb: Tensor, heat: Optional[Tensor] = None, alpha: Optional[Tensor] = None,
-                   threshold: float = 0.5, min_alpha: float = MIN_ALPHA) -> np.ndarray:
+                   threshold: float = THRESHOLD, min_alpha: float = MIN_ALPHA) -> np.ndarray:
     """The image to show, uint8 [H, W, 3].
 
     ``OUTPUT_RGB``: ``rgb`` [H, W, 3] in [0, 1]. ``OUTPUT_HEAT``: turbo(``heat``) (absolute scale:
@@ -139,11 +112,6 @@ def compose_output(output: str, rgb: Tensor, heat: Optional[Tensor] = None, alph
     return img
 
 
-def select_gaussians(relevancy: Tensor, threshold: float, index: Optional[int] = None) -> Tensor:
-    """bool [N]: Gaussians whose relevancy [Q, N] for query ``index`` (None: any query) is > ``threshold``."""
-    return heat_map(relevancy, index) > threshold
-
-
 def selection_name(queries: Sequence[str]) -> str:
     """File stem for an exported selection: ``("red ball", "blue box")`` -> ``red_ball+blue_box``."""
     stems = [re.sub(r"[^A-Za-z0-9._-]+", "_", q).strip("_") or "query" for q in queries]
@@ -151,8 +119,9 @@ def selection_name(queries: Sequence[str]) -> str:
 
 
 def export_selection(scene, folder, mask: Tensor, name: str) -> Path:
-    """Write the Gaussians in ``mask`` as a standard 3DGS PLY (``Scene.export_ply``) to ``folder/name.ply``,
-    or ``name_2.ply``, ``name_3.ply``... when that exists: an export never replaces an earlier file."""
+    """Write the Gaussians in ``mask`` as a 3DGS PLY with their ``sem_*`` latents (``Scene.export_ply(latents=True)``:
+    the selection stays queryable) to ``folder/name.ply``, or ``name_2.ply``, ``name_3.ply``... when that exists: an
+    export never replaces an earlier file."""
     n = int(mask.sum())
     if n == 0:
         raise ConfigError("the selection is empty: lower the threshold or change the query")
@@ -162,7 +131,7 @@ def export_selection(scene, folder, mask: Tensor, name: str) -> Path:
     while path.exists():
         k += 1
         path = out / f"{name}_{k}.ply"
-    return scene.export_ply(path, mask=mask.to(scene.gaussians.device))
+    return scene.export_ply(path, mask=mask.to(scene.gaussians.device), latents=True)
 
 
 # ------------------------------------------------------------------------------ state + caches
@@ -172,7 +141,7 @@ class ControlState:
 
     positives: Tuple[str, ...] = ()
     negatives: Tuple[str, ...] = CANONICAL_NEGATIVES
-    threshold: float = 0.5
+    threshold: float = THRESHOLD
     output: str = OUTPUT_OVERLAY
     shown: str = SHOW_ALL
     show_selection: bool = True
@@ -224,7 +193,7 @@ class QueryControls:
     """
 
     def __init__(self, field: Optional[SemanticField], encode: Optional[Callable[[Sequence[str]], Tensor]],
-                 temperature: float = 10.0, disabled_reason: Optional[str] = None,
+                 temperature: float = TEMPERATURE, disabled_reason: Optional[str] = None,
                  state: Optional[ControlState] = None):
         self.field = field
         self._encode = encode
@@ -332,7 +301,7 @@ class QueryControls:
         return Frame(compose_output(st.output, rgb, heat, alpha, st.threshold), heat, "; ".join(st.shown_queries))
 
     # -------------------------------------------------------------- 3D
-    def relevancy(self, state: Optional[ControlState] = None) -> Optional[Tensor]:
+    def gaussian_relevancy(self, state: Optional[ControlState] = None) -> Optional[Tensor]:
         """Per-Gaussian relevancy [Q, N] for the state's positives (cached), or None."""
         st = state or self.state
         enc = self.encodings(st)
@@ -341,20 +310,20 @@ class QueryControls:
         key = (st.positives, st.negatives)
         with self._lock:
             if self._rel_cache is None or self._rel_cache[0] != key:
-                self._rel_cache = (key, self.field.gaussian_relevancy(enc[0], enc[1], self.temperature))
+                self._rel_cache = (key, gaussian_relevancy(self.field, enc[0], enc[1], self.temperature))
             return self._rel_cache[1]
 
     def selection(self, state: Optional[ControlState] = None) -> Optional[Selection]:
         """The Gaussians above the threshold for the shown query (cached), or None without a query."""
         st = state or self.state
-        rel = self.relevancy(st)
+        rel = self.gaussian_relevancy(st)
         if rel is None:
             return None
         key = (st.positives, st.negatives, st.shown, st.threshold)
         with self._lock:
             if self._sel_cache is None or self._sel_cache[0] != key:
                 heat = heat_map(rel, st.shown_index)
-                mask = heat > st.threshold
+                mask = select_gaussians(rel, st.threshold, st.shown_index)
                 self._sel_cache = (key, Selection(mask, heat[mask], selection_name(st.shown_queries)))
             return self._sel_cache[1]
 

@@ -1,0 +1,158 @@
+"""Building teachers: the registry (name -> teacher class), :class:`TeacherConfig` and JSON specs.
+
+Three ways to say which teacher to build, all ending in the teacher class's constructor:
+
+* ``make_teacher(name, **kwargs)``: by registry name;
+* a *spec* ``{"name": ..., **kwargs}`` (JSON-able, stored in a scene's ``rh3dgs.json``):
+  :func:`teacher_from_spec`;
+* a :class:`TeacherConfig` (a field of the nerfstudio data manager's config; the CLI builds one
+  from its options): :meth:`TeacherConfig.setup` / :meth:`TeacherConfig.spec`, whose keyword
+  arguments each teacher class derives itself (:meth:`~rh3dgs.teachers.base.Teacher.kwargs_from_config`).
+
+>>> from rh3dgs.teachers.registry import TeacherConfig
+>>> TeacherConfig(name="precomputed", features_dir="/data/scene/features").spec()
+{'name': 'precomputed', 'features_dir': '/data/scene/features'}
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+
+from ..errors import ConfigError
+from .base import Teacher
+from .clip import ClipTeacher
+from .precomputed import PrecomputedTeacher
+from .tiny import TinyClipTeacher
+
+__all__ = ["TeacherConfig", "make_teacher", "register_teacher", "available_teachers", "teacher_factory",
+           "teacher_from_spec", "spec_paths"]
+
+PathLike = Union[str, Path]
+
+_REGISTRY: Dict[str, Callable[..., Teacher]] = {cls.name: cls for cls in (ClipTeacher, PrecomputedTeacher,
+                                                                          TinyClipTeacher)}
+
+
+def register_teacher(name: str, factory: Callable[..., Teacher], overwrite: bool = False) -> None:
+    """Add a teacher kind: ``make_teacher(name, **kw)`` will call ``factory(**kw)``.
+
+    ``factory`` is usually a :class:`~rh3dgs.teachers.base.Teacher` subclass (then
+    :class:`TeacherConfig` builds it through its ``kwargs_from_config``); any callable works.
+    """
+    if name in _REGISTRY and not overwrite:
+        raise ConfigError(f"teacher {name!r} is already registered (pass overwrite=True to replace it)")
+    _REGISTRY[name] = factory
+
+
+def available_teachers() -> List[str]:
+    """Registered teacher names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def teacher_factory(name: str) -> Callable[..., Teacher]:
+    """The class (or factory) registered as ``name``; unknown names raise :class:`ConfigError`."""
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        raise ConfigError(f"unknown teacher {name!r}; known teachers: {', '.join(available_teachers())}")
+    return factory
+
+
+def make_teacher(name: str, **kwargs: Any) -> Teacher:
+    """Build a teacher by registry name; unknown names raise :class:`ConfigError`.
+
+    ``kwargs`` go to the teacher's constructor, e.g.
+    ``make_teacher("clip", model="ViT-B-16", checkpoint="ViT-B-16.bin")`` or
+    ``make_teacher("precomputed", features_dir="scene/features")``.
+    """
+    factory = teacher_factory(name)
+    try:
+        return factory(**kwargs)
+    except TypeError as e:
+        if "unexpected keyword argument" in str(e) or "got an unexpected" in str(e):
+            raise ConfigError(f"teacher {name!r}: {e}") from None
+        raise
+
+
+_PATH_KEYS = ("features_dir", "data_dir", "text_embeddings", "checkpoint", "cache_dir")
+
+
+def spec_paths(spec: Dict[str, Any]) -> List[str]:
+    """The files and folders a spec names (its path-valued keys: ``features_dir``, ``checkpoint``...),
+    i.e. what building its teacher reads."""
+    return [v for k, v in spec.items() if k in _PATH_KEYS and isinstance(v, str) and v]
+
+
+def teacher_from_spec(spec: Dict[str, Any], base: Optional[PathLike] = None) -> Teacher:
+    """Build a teacher from a JSON-able spec ``{"name": ..., **kwargs}`` (as stored in a scene's
+    rh3dgs.json); relative paths in path-valued keys are resolved against ``base``."""
+    if not isinstance(spec, dict) or "name" not in spec:
+        raise ConfigError(f"teacher spec must be a dict with a 'name', got {spec!r}")
+    kw = {k: v for k, v in spec.items() if k != "name"}
+    if base is not None:
+        for k in _PATH_KEYS:
+            if isinstance(kw.get(k), str) and not Path(kw[k]).is_absolute():
+                kw[k] = str(Path(base) / kw[k])
+    return make_teacher(spec["name"], **kw)
+
+
+@dataclass
+class TeacherConfig:
+    """Everything needed to build a teacher (a field of the training / lift configs).
+
+    Attributes:
+        name: registry name: ``"clip"``, ``"tiny-clip"`` or ``"precomputed"``.
+        model: open_clip architecture (``"ViT-B-16"``); ignored by "tiny-clip" / "precomputed".
+        pretrained: open_clip pretrained tag (``"laion2b_s34b_b88k"``), downloaded by
+            open_clip on a networked machine; ``None`` when ``checkpoint`` is given.
+        checkpoint: local weights file (state dict) for ``model``; takes precedence
+            over ``pretrained``.
+        image_size: short side (pixels) the image is resized to before the ViT; ``None``
+            = the model's native input size (224 for ViT-B-16). Both sides are rounded
+            to multiples of the patch size, so the map is ``[size/patch, ...]``.
+        scales: multi-scale crop pyramid (LERF-style); ``(1.0,)`` = dense map only.
+            See :class:`rh3dgs.teachers.clip.ClipTeacher`.
+        crop_overlap: overlap of neighbouring crops in the pyramid, in [0, 1).
+        dense_path: ``"maskclip"`` (last block keeps residual + MLP, as MaskCLIP) or
+            ``"value-only"`` (out_proj(v) alone).
+        device: ``"auto"`` (CUDA if available), ``"cpu"``, ``"cuda:0"``...
+        cache_dir: root of the on-disk feature cache (default ``<data>/.rh3dgs_cache``,
+            :data:`rh3dgs.teachers.maps.DEFAULT_CACHE_DIRNAME`).
+        features_dir: for "precomputed": folder with ``<image stem>.npy`` maps and
+            ``text_embeddings.npz`` (default ``<data>/features``).
+        seed: for "tiny-clip": seed of the random initialisation.
+        batch_size: crops per forward pass in the pyramid.
+    """
+
+    name: str = "clip"
+    model: str = "ViT-B-16"
+    pretrained: Optional[str] = "laion2b_s34b_b88k"
+    checkpoint: Optional[str] = None
+    image_size: Optional[int] = None
+    scales: Tuple[float, ...] = (1.0,)
+    crop_overlap: float = 0.5
+    dense_path: str = "maskclip"
+    device: str = "auto"
+    cache_dir: Optional[str] = None
+    features_dir: Optional[str] = None
+    seed: int = 0
+    batch_size: int = 64
+
+    def teacher_kwargs(self, data_dir: Optional[PathLike] = None) -> Dict[str, Any]:
+        """Keyword arguments for :func:`make_teacher` for this config's ``name`` (defaults that
+        depend on the dataset resolved against ``data_dir``); ``{}`` for a factory that is not a
+        :class:`~rh3dgs.teachers.base.Teacher` class."""
+        derive = getattr(teacher_factory(self.name), "kwargs_from_config", None)
+        return derive(self, data_dir) if derive is not None else {}
+
+    def spec(self, data_dir: Optional[PathLike] = None) -> Dict[str, Any]:
+        """The JSON-able spec ``{"name": ..., **kwargs}`` (:func:`teacher_from_spec` builds it back)."""
+        return {"name": self.name, **self.teacher_kwargs(data_dir)}
+
+    def setup(self, data_dir: Optional[PathLike] = None) -> Teacher:
+        """Build the teacher this config describes."""
+        return make_teacher(self.name, **self.teacher_kwargs(data_dir))
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -1,0 +1,120 @@
+"""teachers/maps.py: the one provider ``dataset -> per-view maps`` and its one cache default.
+
+``rh3dgs extract`` and the ``ns-train rh3dgs`` data manager go through :func:`dataset_maps` with the
+same teacher config, so what one computed the other reuses (issues 17 / 18: they used to cache in
+``DATA/.rh3dgs_cache`` and ``DATA/rh3dgs_cache``, and training recomputed every feature).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rh3dgs.cli import main as cli_main
+from rh3dgs.errors import ConfigError
+from rh3dgs.io.transforms import load_transforms
+from rh3dgs.teachers import (
+    DEFAULT_CACHE_DIRNAME,
+    TeacherConfig,
+    dataset_maps,
+    default_cache_dir,
+    load_cached,
+    make_teacher,
+    teacher_cache_dir,
+)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    from rh3dgs.data.synthetic import SceneConfig, make_scene, write_dataset
+    from rh3dgs.data.teacher_sim import simulate_teacher
+
+    root = tmp_path_factory.mktemp("maps") / "scene"
+    scene = make_scene(SceneConfig(num_views=10, image_size=32, gaussians_per_unit_area=800.0))
+    write_dataset(scene, root, progress=False)
+    simulate_teacher(root, progress=False)
+    return root
+
+
+def test_one_default_cache_folder(data):
+    assert DEFAULT_CACHE_DIRNAME == ".rh3dgs_cache"
+    assert default_cache_dir(data) == data / ".rh3dgs_cache"
+
+
+def test_precomputed_maps_are_read_in_place(data):
+    _, images = load_transforms(data, check_images=False)
+    teacher = TeacherConfig(name="precomputed").setup(data)
+    maps = dataset_maps(teacher, images, data_dir=data)
+    assert not maps.cached and len(maps) == len(images)
+    assert maps.stats["computed"] == 0 and not default_cache_dir(data).exists()
+    assert [p.name for p in maps.files] == [f"{Path(p).stem}.npy" for p in images]
+    m = maps[2]
+    assert torch.equal(m, teacher.load_feature_map(Path(images[2]).stem))
+    assert torch.allclose(m.norm(dim=-1), torch.ones(m.shape[:2]), atol=1e-5)
+
+
+def test_computed_maps_are_cached_once(data, tmp_path):
+    _, images = load_transforms(data, check_images=False)
+    teacher = make_teacher("tiny-clip", device="cpu")
+    first = dataset_maps(teacher, images, tmp_path / "cache", progress=False)
+    assert first.cached and first.stats["computed"] == len(set(first.files)) > 0
+    again = dataset_maps(teacher, images, tmp_path / "cache", progress=False)
+    assert again.stats["computed"] == 0 and again.files == first.files
+    assert all(p.parent == teacher_cache_dir(teacher, tmp_path / "cache") for p in again.files)
+    assert torch.equal(again[1], load_cached(first.files[1]))
+    with pytest.raises(ConfigError, match="cache"):
+        dataset_maps(teacher, images, progress=False)  # neither a cache folder nor the dataset folder
+
+
+def test_teacher_specs_from_one_method_per_teacher(data):
+    spec = TeacherConfig(name="precomputed").spec(data)
+    assert spec == {"name": "precomputed", "features_dir": str((data / "features").resolve())}
+    tiny = TeacherConfig(name="tiny-clip", seed=3).spec()
+    assert tiny["name"] == "tiny-clip" and tiny["seed"] == 3 and "model" not in tiny
+    clip = TeacherConfig(name="clip", checkpoint="w.bin").spec()
+    assert clip["checkpoint"] == "w.bin" and clip["model"] == "ViT-B-16" and "seed" not in clip
+    with pytest.raises(ConfigError, match="features_dir"):
+        TeacherConfig(name="precomputed").spec()
+
+
+def test_extract_then_ns_train_datamanager_recomputes_nothing(data, tmp_path):
+    """`rh3dgs extract` (default cache) then the `ns-train rh3dgs` data manager on the same data with the
+    same teacher and no cache option: 0 features computed in training, the same maps."""
+    pytest.importorskip("nerfstudio")
+    import shutil
+
+    work = tmp_path / "scene"
+    shutil.copytree(data, work)
+    assert cli_main(["extract", "--data", str(work), "--teacher", "tiny-clip"]) == 0
+    assert (work / ".rh3dgs_cache").is_dir()
+
+    from rh3dgs.nerfstudio.config import rh3dgs_lite_config
+
+    c = rh3dgs_lite_config()
+    c.pipeline.datamanager.data = work
+    c.pipeline.datamanager.teacher = TeacherConfig(name="tiny-clip")
+    dm = c.pipeline.datamanager.setup(device="cpu", test_mode="val")
+    for split in ("train", "eval"):
+        maps = dm.dataset_maps(split)
+        assert maps.cached and len(maps) > 0
+        assert maps.stats["computed"] == 0 and maps.stats["reused"] > 0, (split, maps.stats)
+        assert all(p.is_relative_to(work / ".rh3dgs_cache") for p in maps.files)
+    _, images = load_transforms(work, check_images=False)
+    by_name = {Path(p).name: i for i, p in enumerate(images)}
+    cli = dataset_maps(TeacherConfig(name="tiny-clip").setup(work), images, data_dir=work, progress=False)
+    assert cli.stats["computed"] == 0
+    train_images = dm.train_dataset._dataparser_outputs.image_filenames
+    for j, p in enumerate(train_images[:3]):
+        ref = cli[by_name[Path(p).name]].half().float()
+        np.testing.assert_array_equal(dm.teacher_map("train", j).numpy(), ref.numpy())
+
+
+def test_run_configs_naming_the_old_teacher_config_module_still_load():
+    """config.yml of runs trained before TeacherConfig moved from teachers/base.py to teachers/registry.py."""
+    import yaml
+
+    cfg = yaml.load("!!python/object:rh3dgs.teachers.base.TeacherConfig {name: tiny-clip, seed: 2}",
+                    Loader=yaml.Loader)
+    assert isinstance(cfg, TeacherConfig) and cfg.spec()["seed"] == 2
