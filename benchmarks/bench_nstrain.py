@@ -14,8 +14,9 @@ jobs it is the load-independent figure (wall time grows when other processes tak
 * baseline on CUDA: nerfstudio's own ``splatfacto`` method (gsplat's CUDA rasterizer) with the
   same model hyperparameters and optimizer schedule as the rh3dgs run.
 * baseline on CPU: nerfstudio's splatfacto cannot run on a CPU (``.cuda()`` calls, gsplat's CUDA
-  rasterizer, an LPIPS download), so the baseline is the same rh3dgs model with
-  ``semantics=False`` - splatfacto's parameters, losses, metrics and densification on rh3dgs's CPU
+  rasterizer, an LPIPS download), so the baseline is the same preset with ``semantics=False``,
+  which builds :class:`rh3dgs.nerfstudio.splatfacto_cpu.SplatfactoCPUModel` (the class the rh3dgs
+  model extends): splatfacto's parameters, losses, metrics and densification on rh3dgs's CPU
   rasterizer; no latents, decoder or teacher. Labelled "splatfacto (CPU port: rh3dgs model,
   semantics off)".
 
@@ -25,7 +26,11 @@ memory) is its own.
 
     python benchmarks/bench_nstrain.py                # device: CUDA when available, else CPU
     RH3DGS_BENCH_DEVICE=cpu python benchmarks/bench_nstrain.py
+    RH3DGS_BENCH_NSTRAIN_SIZES=256 python benchmarks/bench_nstrain.py   # image sides (default 64,256)
     OMP_NUM_THREADS=1 python benchmarks/bench_nstrain.py   # on a CPU shared with other jobs
+
+Each image size gets its own synthetic dataset (the same scene and ~4k seed points, the
+``rh3dgs-lite`` preset's own cap) and one row per method.
 
 On a 2-core machine where other processes hold the cores, torch's 2-thread parallel regions
 stall on a descheduled thread (wall and even CPU time per iteration grew 10-25x in such a
@@ -43,7 +48,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence, Tuple
 
 import torch
 
@@ -51,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import entry, machine, peak_rss_mb, run_isolated, write_results  # noqa: E402
 
 ITERS, WARMUP = 300, 10
-VIEWS, SIZE, DENSITY = 12, 64, 300.0  # ~4k seed points (the synthetic scene's Gaussian centres)
+VIEWS, SIZES, DENSITY = 12, (64, 256), 300.0  # ~4k seed points (the synthetic scene's Gaussian centres)
 LABELS = {
     "rh3dgs": "rh3dgs (rh3dgs-lite preset)",
     "splatfacto:cuda": "splatfacto (nerfstudio)",
@@ -63,7 +68,12 @@ def default_device() -> str:
     return os.environ.get("RH3DGS_BENCH_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def make_data(root: Path, views: int = VIEWS, size: int = SIZE, density: float = DENSITY) -> Path:
+def default_sizes() -> Tuple[int, ...]:
+    env = os.environ.get("RH3DGS_BENCH_NSTRAIN_SIZES")
+    return tuple(int(v) for v in env.split(",")) if env else SIZES
+
+
+def make_data(root: Path, views: int = VIEWS, size: int = SIZES[0], density: float = DENSITY) -> Path:
     """The synthetic labelled scene as a nerfstudio dataset with simulated teacher maps."""
     from rh3dgs.data.synthetic import SceneConfig, make_scene, write_dataset
     from rh3dgs.data.teacher_sim import simulate_teacher
@@ -139,13 +149,13 @@ def _setup_shims(cuda: bool) -> Iterator[Optional[str]]:
         saved.append((Nerfstudio, "_load_3D_points", Nerfstudio._load_3D_points))
         Nerfstudio._load_3D_points = load
     if cuda:
-        from rh3dgs.nerfstudio.model import _alexnet_weights_available, _NoLPIPS
+        from rh3dgs.nerfstudio.splatfacto_cpu import NoLPIPS, alexnet_weights_available
 
-        if not _alexnet_weights_available():
+        if not alexnet_weights_available():
             import torchmetrics.image.lpip as lpip
 
             saved.append((lpip, "LearnedPerceptualImagePatchSimilarity", lpip.LearnedPerceptualImagePatchSimilarity))
-            lpip.LearnedPerceptualImagePatchSimilarity = lambda *a, **k: _NoLPIPS()
+            lpip.LearnedPerceptualImagePatchSimilarity = lambda *a, **k: NoLPIPS()
     try:
         yield why
     finally:
@@ -219,49 +229,58 @@ def measure(spec: str) -> dict:
     return measure_training(kw["method"], Path(kw["data"]), kw["iters"], kw["warmup"], kw["device"])
 
 
-def main(iters: int = ITERS, warmup: int = WARMUP, device: Optional[str] = None) -> dict:
+def main(iters: int = ITERS, warmup: int = WARMUP, device: Optional[str] = None,
+         sizes: Optional[Sequence[int]] = None) -> dict:
     device = device or default_device()
+    sizes = tuple(sizes or default_sizes())
     t0 = time.time()
-    with tempfile.TemporaryDirectory(prefix="rh3dgs_bench_nstrain_data_") as tmp:
-        data = make_data(Path(tmp) / "data")
-        runs = {m: run_isolated(__file__, ["--only", json.dumps({"method": m, "data": str(data), "iters": iters,
-                                                                    "warmup": warmup, "device": device})])
-                for m in ("splatfacto", "rh3dgs")}
-    ours, base = runs["rh3dgs"], runs["splatfacto"]
-    ratio = ours["mean_ms"] / base["mean_ms"]
-    payload = {"setting": {"views": VIEWS, "size": SIZE, "iters": iters, "warmup": warmup, "device": device},
-               "baseline": base, "rh3dgs": ours, "ratio_rh3dgs_to_splatfacto": ratio,
-               "ratio_median": ours["median_ms"] / base["median_ms"],
-               "ratio_cpu_time": ours["cpu_mean_ms"] / base["cpu_mean_ms"], "seconds": time.time() - t0,
-               "machine": machine()}
+    per_size = {}
+    for size in sizes:
+        with tempfile.TemporaryDirectory(prefix="rh3dgs_bench_nstrain_data_") as tmp:
+            data = make_data(Path(tmp) / "data", size=size)
+            runs = {m: run_isolated(__file__, ["--only", json.dumps({"method": m, "data": str(data), "iters": iters,
+                                                                        "warmup": warmup, "device": device})])
+                    for m in ("splatfacto", "rh3dgs")}
+        ours, base = runs["rh3dgs"], runs["splatfacto"]
+        per_size[size] = {"baseline": base, "rh3dgs": ours,
+                          "ratio_rh3dgs_to_splatfacto": ours["mean_ms"] / base["mean_ms"],
+                          "ratio_median": ours["median_ms"] / base["median_ms"],
+                          "ratio_cpu_time": ours["cpu_mean_ms"] / base["cpu_mean_ms"]}
+    payload = {"setting": {"views": VIEWS, "sizes": list(sizes), "iters": iters, "warmup": warmup, "device": device},
+               "sizes": {str(k): v for k, v in per_size.items()}, "seconds": time.time() - t0, "machine": machine()}
     gpu = device == "cuda"
 
-    def row(r):
-        cells = [r["label"], f"{r['mean_ms']:.1f}", f"{r['median_ms']:.1f}", f"{r['cpu_mean_ms']:.1f}",
-                 f"{r['gaussians_start']} -> "
-                 f"{r['gaussians_end']}", f"{r['setup_s']:.1f}", f"{r['peak_rss_mb']:.0f}"]
+    def row(size, r):
+        cells = [f"{size}x{size}", r["label"], f"{r['mean_ms']:.1f}", f"{r['median_ms']:.1f}",
+                 f"{r['cpu_mean_ms']:.1f}",
+                 f"{r['gaussians_start']} -> {r['gaussians_end']}", f"{r['setup_s']:.1f}", f"{r['peak_rss_mb']:.0f}"]
         if gpu:
             cells.append(f"{r['cuda_peak_allocated_mb']:.0f}")
         return "| " + " | ".join(cells) + " |"
 
-    head = "| method | mean ms/iter | median ms/iter | CPU ms/iter (mean) | Gaussians | setup (s) | peak RSS (MB) |"
-    sep = "|---|---|---|---|---|---|---|"
+    head = ("| image | method | mean ms/iter | median ms/iter | CPU ms/iter (mean) | Gaussians | setup (s) "
+            "| peak RSS (MB) |")
+    sep = "|---|---|---|---|---|---|---|---|"
     if gpu:
         head, sep = head + " peak GPU alloc (MB) |", sep + "---|"
+    rows = "\n".join(row(s_, r[m]) for s_, r in per_size.items() for m in ("baseline", "rh3dgs"))
+    ratios = "\n".join(f"- {s_}x{s_}: **rh3dgs / splatfacto: {r['ratio_rh3dgs_to_splatfacto']:.2f}x** mean time per "
+                       f"iteration ({r['ratio_median']:.2f}x median, {r['ratio_cpu_time']:.2f}x CPU time)"
+                       for s_, r in per_size.items())
+    first = next(iter(per_size.values()))
+    ours, base = first["rh3dgs"], first["baseline"]
     md = (f"# ns-train: rh3dgs vs splatfacto iteration time ({device})\n\n"
-          f"Synthetic scene, {VIEWS} views at {SIZE}x{SIZE}, {iters} iterations of the rh3dgs-lite schedule "
-          f"(densification steps 60-200), mean over iterations {warmup}..{iters - 1}; both methods trained "
-          f"in-process by nerfstudio's Trainer in this run, each in its own interpreter; "
+          f"Synthetic scene, {VIEWS} views per image size, {iters} iterations of the rh3dgs-lite schedule "
+          f"(densification steps 60-200, LIC from step 150), mean over iterations {warmup}..{iters - 1}; both methods "
+          f"trained in-process by nerfstudio's Trainer in this run, each in its own interpreter; "
           f"torch threads: {ours['threads']}, CPUs: {machine()['cpu_count']}. Iteration = what nerfstudio's "
-          "ITER_TRAIN_TIME covers (callbacks, forward, losses, backward, optimizer step, densification).\n\n"
+          "ITER_TRAIN_TIME covers (callbacks, forward, losses, metrics, backward, optimizer step, densification).\n\n"
           + (f"Baseline: {base['label']}. " if gpu else
              f"Baseline: {base['label']} - nerfstudio's splatfacto needs CUDA; this is its model, losses and "
              "densification on rh3dgs's CPU rasterizer without latents, decoder or teacher. ")
           + f"Seed point cloud ({ours['gaussians_start']} points) read by {ours['seed_ply_read_by']}."
-          + f"\n\n{head}\n{sep}\n{row(base)}\n{row(ours)}\n\n"
-          f"**rh3dgs / splatfacto: {ratio:.2f}x** mean time per iteration "
-          f"({payload['ratio_median']:.2f}x median, {payload['ratio_cpu_time']:.2f}x CPU time; "
-          f"1-min load average {os.getloadavg()[0]:.1f} at the end); {payload['seconds']:.0f} s in all\n")
+          + f"\n\n{head}\n{sep}\n{rows}\n\n{ratios}\n\n"
+          f"1-min load average {os.getloadavg()[0]:.1f} at the end; {payload['seconds']:.0f} s in all\n")
     return write_results("nstrain", payload, md)
 
 

@@ -115,7 +115,7 @@ def test_pipeline_builds_on_cpu_without_lpips_download(pipeline):
     # LPIPS is not a submodule: the state dict does not depend on its availability
     assert not any("lpips" in k for k in m.state_dict())
     if m.config.lpips == "auto":
-        from rh3dgs.nerfstudio.model import _alexnet_weights_available
+        from rh3dgs.nerfstudio.splatfacto_cpu import alexnet_weights_available as _alexnet_weights_available
 
         if not _alexnet_weights_available():
             assert torch.isnan(m.lpips(torch.rand(1, 3, 16, 16), torch.rand(1, 3, 16, 16)))
@@ -152,6 +152,84 @@ def test_train_step_outputs_losses_and_strategy_info(pipeline):
     m.strategy._update_state(m.gauss_params, m.strategy_state, info, packed=False)
     assert m.strategy_state["grad2d"].shape == (m.num_points,)
     opt.zero_grad_all()
+
+
+def test_semantic_inputs_made_once_per_step_whatever_the_hook_order(pipeline):
+    """The step's SemanticStep (made by get_outputs) gives the loss and the metrics the same targets;
+    calling the hooks in either order gives the same VFM loss and metrics."""
+    pipe, opt = pipeline
+    m = pipe.model
+    m.train()
+    m.step = 201
+    cam, batch = pipe.datamanager.next_train(m.step)
+    out = m(cam)
+    step = out["semantic_step"]
+    assert step.latents.requires_grad and step.size == tuple(batch["image"].shape[:2])
+    loss_first = m.get_loss_dict(out, batch)["vfm_loss"]
+    t = step.targets(batch)
+    metrics_after = m.get_metrics_dict(out, batch)
+    assert step.targets(batch) is t  # computed once
+    out2 = m(cam)
+    metrics_first = m.get_metrics_dict(out2, batch)
+    loss_after = m.get_loss_dict(out2, batch)["vfm_loss"]
+    assert torch.equal(loss_first, loss_after)
+    assert torch.equal(metrics_after["sem_cos"], metrics_first["sem_cos"])
+    assert torch.equal(metrics_after["sem_cos_vcd"], metrics_first["sem_cos_vcd"])
+    g_lat, = torch.autograd.grad(loss_after, [m.latents])
+    assert g_lat.abs().sum() > 0
+    opt.zero_grad_all()
+
+
+def test_semantic_metrics_only_on_logged_steps(pipeline):
+    pipe, _ = pipeline
+    m = pipe.model
+    m.train()
+    cam, batch = pipe.datamanager.next_train(0)
+    try:
+        m.metrics_every = 50  # the trainer's logging.steps_per_log (get_training_callbacks)
+        m.step = 149
+        metrics = m.get_metrics_dict(m(cam), batch)
+        assert "psnr" in metrics and "sem_cos" not in metrics
+        m.step = 150
+        assert 0 < float(m.get_metrics_dict(m(cam), batch)["sem_cos"]) <= 1
+        m.eval()  # evaluation always reports them
+        m.step = 149
+        with torch.no_grad():
+            assert "sem_cos" in m.get_metrics_dict(m(cam), batch)
+    finally:
+        m.metrics_every = 1
+        m.train()
+
+
+def test_teacher_map_prepared_once_per_camera_at_the_loss_resolution(pipeline):
+    from rh3dgs.teachers.maps import prepare_map
+
+    pipe, _ = pipeline
+    m, dm = pipe.model, pipe.datamanager
+    seen = {}
+    for step in range(2 * len(dm.train_dataset)):
+        cam, batch = dm.next_train(step)
+        idx = int(cam.metadata["cam_idx"])
+        if idx in seen:
+            assert batch["teacher"] is seen[idx]  # the same prepared tensor, not prepared again
+        seen[idx] = batch["teacher"]
+    H, W = batch["image"].shape[:2]
+    size = m.semantic_size((H, W))
+    assert tuple(batch["teacher"].shape[:2]) == size
+    assert torch.equal(batch["teacher"], prepare_map(dm.teacher_map("train", idx), size))
+    # a loss resolution below the image size: the map is handed at it and used as handed
+    saved = m.config.semantic_max_pixels
+    try:
+        m.config.semantic_max_pixels = (H // 2) * (W // 2)
+        cam, batch = dm.next_train(0)
+        assert tuple(batch["teacher"].shape[:2]) == (H // 2, W // 2)
+        m.train()
+        m.step = 201
+        step = m(cam)["semantic_step"]
+        assert step.size == (H // 2, W // 2)
+        assert step.targets(batch).teacher[0].data_ptr() == batch["teacher"].data_ptr()
+    finally:
+        m.config.semantic_max_pixels = saved
 
 
 def test_densification_carries_latents(pipeline):
@@ -284,6 +362,13 @@ def test_ns_train_lite_cpu_then_ns_eval(trained_run):
     print("ns-eval:", {k: res[k] for k in res if not k.endswith("_std")})
     assert res["psnr"] > 20.0
     assert res["sem_cos"] > 0.5 and res["sem_cos_vcd"] > 0.7
+
+
+@pytest.mark.slow
+def test_ns_train_says_its_eta_after_the_first_iterations(trained_run):
+    cfg, _, _ = trained_run
+    log = (cfg.parents[4] / "ns-train.log").read_text()
+    assert "ETA for 300 iterations:" in log, log[-3000:]
 
 
 @pytest.mark.slow

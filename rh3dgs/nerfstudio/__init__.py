@@ -3,10 +3,12 @@
 Modules (import them explicitly; importing this package does not import nerfstudio):
 
 * :mod:`rh3dgs.nerfstudio.config`      MethodSpecifications ``rh3dgs_method``, ``rh3dgs_lite_method``
-* :mod:`rh3dgs.nerfstudio.model`       ``Rh3dgsModel`` (splatfacto subclass)
+* :mod:`rh3dgs.nerfstudio.splatfacto_cpu` ``SplatfactoCPUModel`` (splatfacto, runnable on CPU; ``semantics=False``)
+* :mod:`rh3dgs.nerfstudio.model`       ``Rh3dgsModel`` (``SplatfactoCPUModel`` + latents, decoder, losses)
 * :mod:`rh3dgs.nerfstudio.dataparser`  ``Rh3dgsDataParser`` (nerfstudio-data, seed points via plyfile, no open3d)
 * :mod:`rh3dgs.nerfstudio.datamanager` ``Rh3dgsDataManager`` (teacher maps in ``batch["teacher"]``)
 * :mod:`rh3dgs.nerfstudio.pipeline`    ``Rh3dgsPipeline`` (semantic initialisation)
+* :mod:`rh3dgs.nerfstudio.trainer`     ``Rh3dgsTrainer`` (atomic checkpoints, resume, early ETA)
 
 Reading a trained run back (``load_nerfstudio_scene``, ``export_semantic_ply``, ``rh3dgs.load(config.yml)``)
 is the core's job: :mod:`rh3dgs.io.nerfstudio_run`.

@@ -5,8 +5,11 @@ Teacher maps come from rh3dgs's one provider :func:`rh3dgs.teachers.dataset_maps
 ``tiny-clip``) is read in place (``precomputed``) or run once per image into the on-disk feature
 cache, by default ``<data>/.rh3dgs_cache`` (the CLI's default too, so features that
 ``rh3dgs extract`` computed are reused). Each training / eval batch carries ``batch["teacher"]``:
-``[H, W, D]`` unit features at the camera's image size (or at the teacher's own resolution
-with ``teacher_at_image_size=False``; the model resizes to its loss resolution either way).
+``[H, W, D]`` unit features at the camera's image size, or at ``teacher_size(image size)`` when
+the pipeline sets it (the model's semantic loss resolution), or at the teacher's own resolution
+with ``teacher_at_image_size=False``; the model resizes to its loss resolution where they differ.
+Maps at the image / loss size are prepared once per camera and kept on the training device
+(up to ``teacher_cache_mb``), so a training step only reads its camera's map.
 
 Extraction is lazy (first batch, or :meth:`Rh3dgsDataManager.teacher_maps`), so loading a
 trained run for viewing / export never needs the teacher.
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Literal, Optional, Tuple, Type, Union
+from typing import Callable, Dict, List, Literal, Optional, Tuple, Type, Union
 
 import torch
 
@@ -39,8 +42,11 @@ class Rh3dgsDataManagerConfig(FullImageDatamanagerConfig):
     """Root of the feature cache (default ``teacher.cache_dir``, else ``<data dir>/.rh3dgs_cache``:
     :func:`rh3dgs.teachers.default_cache_dir`, the default of ``rh3dgs extract`` too)."""
     teacher_at_image_size: bool = True
-    """Hand ``batch["teacher"]`` at the image size (False: at the teacher's resolution; saves
-    memory on large images, the model resizes)."""
+    """Hand ``batch["teacher"]`` at the image size, or at the size ``teacher_size`` gives for it (False: at
+    the teacher's resolution, nothing kept prepared: saves memory on large images, the model resizes)."""
+    teacher_cache_mb: float = 2048.0
+    """Memory (on the training device) for teacher maps prepared once per camera at the batch size;
+    maps beyond it are prepared again for each batch."""
     cache_images: Literal["cpu", "gpu"] = "gpu"
     """'gpu' = on the training device (also right for CPU training: 'cpu' pins memory, which
     needs a CUDA driver)."""
@@ -59,6 +65,9 @@ class Rh3dgsDataManager(FullImageDatamanager[InputDataset]):
         self._teacher_native: Dict[Tuple[str, int], torch.Tensor] = {}
         self.with_teacher = True
         """False (set by the pipeline for a model with ``semantics=False``): batches carry no teacher map."""
+        self.teacher_size: Optional[Callable[[Tuple[int, int]], Tuple[int, int]]] = None
+        """Image size -> size of ``batch["teacher"]`` (set by the pipeline: the model's loss resolution)."""
+        self._teacher_prepared: Dict[Tuple[str, int, Tuple[int, int]], torch.Tensor] = {}
 
     # ------------------------------------------------------------------ teacher
     @property
@@ -108,12 +117,28 @@ class Rh3dgsDataManager(FullImageDatamanager[InputDataset]):
         """All teacher maps of a split at native resolution."""
         return [self.teacher_map(split, i) for i in range(len(self._dataset(split)))]
 
+    def prepared_teacher_map(self, split: str, idx: int, size: Tuple[int, int]) -> torch.Tensor:
+        """:meth:`teacher_map` at ``size`` on the training device, prepared once per camera and size
+        (kept while the prepared maps fit in ``teacher_cache_mb``)."""
+        key = (split, int(idx), tuple(size))
+        m = self._teacher_prepared.get(key)
+        if m is None:
+            m = self.teacher_map(split, idx, size).to(self.device)
+            used = sum(t.numel() * t.element_size() for t in self._teacher_prepared.values())
+            if used + m.numel() * m.element_size() <= self.config.teacher_cache_mb * 2 ** 20:
+                self._teacher_prepared[key] = m
+        return m
+
     def _with_teacher(self, split: str, idx: int, data: Dict) -> Dict:
         if not self.with_teacher:
             return data
-        img = data["image"]
-        size = (int(img.shape[0]), int(img.shape[1])) if self.config.teacher_at_image_size else None
-        data["teacher"] = self.teacher_map(split, idx, size).to(self.device)
+        if self.config.teacher_at_image_size:
+            size = (int(data["image"].shape[0]), int(data["image"].shape[1]))
+            if self.teacher_size is not None:
+                size = self.teacher_size(size)
+            data["teacher"] = self.prepared_teacher_map(split, idx, size)
+        else:
+            data["teacher"] = self.teacher_map(split, idx).to(self.device)
         return data
 
     # ------------------------------------------------------------------ batches

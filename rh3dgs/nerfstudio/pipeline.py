@@ -1,10 +1,13 @@
-"""``Rh3dgsPipeline``: nerfstudio's VanillaPipeline + semantic initialisation of the model.
+"""``Rh3dgsPipeline``: nerfstudio's VanillaPipeline + the semantic model's wiring to the data manager.
 
-After the datamanager and the model are built (training only, ``test_mode == "val"``), the
-model's decoder (and with ``decoder_init="lift"`` its latents) is initialised from the
-teacher maps of the training views. Loading a run (viewer, ns-eval, export) skips this:
-the checkpoint holds the trained values and the teacher is not needed. With the model's
-``semantics=False`` the datamanager hands out no teacher maps at all.
+After the datamanager and the model are built:
+
+* a semantic model (:class:`~rh3dgs.nerfstudio.model.Rh3dgsModel`) gets its teacher maps at its loss
+  resolution: the data manager prepares each camera's map there once (``teacher_size``) and keeps it;
+  for training (``test_mode == "val"``) its decoder (and with ``decoder_init="lift"`` its latents) is
+  initialised from the teacher maps of the training views. Loading a run (viewer, ns-eval, export)
+  skips the initialisation: the checkpoint holds the trained values.
+* the plain splatfacto model (``semantics=False``) gets no teacher maps at all: the teacher never runs.
 """
 from __future__ import annotations
 
@@ -16,6 +19,9 @@ import torch
 from nerfstudio.pipelines.base_pipeline import VanillaPipeline, VanillaPipelineConfig
 
 from ..cameras import Cameras
+from .datamanager import Rh3dgsDataManager
+from .model import Rh3dgsModel
+from .splatfacto_cpu import viewmat_from_c2w
 
 __all__ = ["Rh3dgsPipelineConfig", "Rh3dgsPipeline", "train_cameras_as_rh3dgs"]
 
@@ -27,8 +33,6 @@ class Rh3dgsPipelineConfig(VanillaPipelineConfig):
 
 def train_cameras_as_rh3dgs(ns_cameras) -> Optional[Cameras]:
     """nerfstudio Cameras (one image size, pinhole) -> :class:`rh3dgs.Cameras`; None if sizes differ."""
-    from .model import viewmat_from_c2w
-
     w, h = ns_cameras.width.reshape(-1), ns_cameras.height.reshape(-1)
     if not (bool((w == w[0]).all()) and bool((h == h[0]).all())):
         return None
@@ -42,14 +46,14 @@ class Rh3dgsPipeline(VanillaPipeline):
                  world_size: int = 1, local_rank: int = 0, grad_scaler: Optional[torch.cuda.amp.GradScaler] = None):
         super().__init__(config, device, test_mode=test_mode, world_size=world_size, local_rank=local_rank,
                          grad_scaler=grad_scaler)
-        if not getattr(self.model.config, "semantics", True):
-            if hasattr(self.datamanager, "with_teacher"):
-                self.datamanager.with_teacher = False  # plain splatfacto: the teacher is never run
-        elif test_mode == "val" and hasattr(self.model, "initialize_semantics"):
-            dm = self.datamanager
-            maps = dm.teacher_maps("train")
+        dm, model = self.datamanager, self.model
+        semantic = isinstance(model, Rh3dgsModel)
+        if isinstance(dm, Rh3dgsDataManager):
+            dm.with_teacher = semantic  # plain splatfacto: the teacher is never run
+            dm.teacher_size = model.semantic_size if semantic else None
+        if semantic and test_mode == "val":
             cams = None
-            if getattr(self.model.config, "decoder_init", "pca") == "lift":
+            if model.config.decoder_init == "lift":
                 cams = train_cameras_as_rh3dgs(dm.train_dataset.cameras)
-            self.model.initialize_semantics(maps, cams)
-            self.model.to(device)
+            model.initialize_semantics(dm.teacher_maps("train"), cams)
+            model.to(device)

@@ -14,12 +14,22 @@ latest and fails on. Here:
 
 Checkpoints are read with ``weights_only=True`` (rh3dgs checkpoints hold only tensors and
 plain values; see :mod:`rh3dgs.nerfstudio.config`).
+
+The cost is said up front: after the first :data:`ETA_AFTER` timed iterations (the first one,
+with its one-off set-up, is not counted) the trainer prints ``ETA for N iterations: ...`` from
+the median wall time between iteration starts (callbacks, densification, evaluation, logging and
+checkpoints included), and prints an updated line when the running estimate moves by more than
+a quarter (densification adds Gaussians, LIC starts): :class:`TrainingClock`. nerfstudio's own
+ETA column extrapolates the last 20 iteration times and is first printed from iteration 0 alone.
 """
 from __future__ import annotations
 
+import statistics
+import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Type
+from typing import Deque, Optional, Type
 
 import torch
 from nerfstudio.engine.trainer import Trainer, TrainerConfig
@@ -29,17 +39,105 @@ from ..errors import Rh3dgsError
 from ..io.atomic import atomic_write, stale_temp_files
 from ..io.nerfstudio_run import checkpoints_newest_first
 
-__all__ = ["Rh3dgsTrainer", "Rh3dgsTrainerConfig", "CheckpointError"]
+__all__ = ["Rh3dgsTrainer", "Rh3dgsTrainerConfig", "CheckpointError", "TrainingClock", "ETA_AFTER"]
+
+ETA_AFTER = 5
+"""Timed iterations before the first ``ETA for N iterations`` line."""
 
 
 class CheckpointError(Rh3dgsError):
     """No usable checkpoint where a resume was asked for."""
 
 
+def format_duration(seconds: float) -> str:
+    """Seconds -> "2 h 05 m", "4 m 10 s", "12.3 s", "850 ms"."""
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    m, s = divmod(int(round(seconds)), 60)
+    if m < 60:
+        return f"{m} m {s:02d} s"
+    h, m = divmod(m, 60)
+    return f"{h} h {m:02d} m"
+
+
+class TrainingClock:
+    """Estimated duration of a run, from the wall time between iteration starts.
+
+    :meth:`tick` is called as each iteration starts; the interval to the next start covers all the
+    loop does for that step. The first interval (one-off set-up) is not counted. After
+    ``report_after`` timed intervals, ``tick`` returns ``"ETA for N iterations: ..."`` (total =
+    elapsed + remaining x median interval); afterwards, an ``"ETA updated ..."`` line whenever the
+    estimate from the median of the last ``window`` intervals moves by more than ``drift`` (a
+    fraction) from the last one given. Otherwise it returns None.
+
+    >>> c = TrainingClock(first_step=0, iterations=100, report_after=2)
+    >>> [c.tick(s, now=t) for s, t in enumerate([0.0, 5.0, 6.0, 7.0])][-1]
+    'ETA for 100 iterations: 1 m 44 s (1.0 s per iteration, median of iterations 1-2; 97 to go)'
+    """
+
+    def __init__(self, first_step: int, iterations: int, report_after: int = ETA_AFTER, drift: float = 0.25,
+                 window: int = 20) -> None:
+        self.first_step, self.iterations = int(first_step), int(iterations)
+        self.report_after, self.drift = int(report_after), float(drift)
+        self.recent: Deque[float] = deque(maxlen=int(window))
+        """The last ``window`` timed intervals (seconds)."""
+        self.timed = 0
+        self.t0: Optional[float] = None
+        self._prev: Optional[float] = None
+        self._ticks = 0
+        self.reported: Optional[float] = None
+        """The last total (seconds) given."""
+
+    def tick(self, step: int, now: Optional[float] = None, note: str = "") -> Optional[str]:
+        """Iteration ``step`` starts (at ``now``, default the clock); ``note`` goes into the message."""
+        now = time.perf_counter() if now is None else float(now)
+        if self._ticks >= 2:  # the interval of iteration 0 (one-off set-up) is not counted
+            self.recent.append(now - self._prev)
+            self.timed += 1
+        if self.t0 is None:
+            self.t0 = now
+        self._prev, self._ticks = now, self._ticks + 1
+        if self.timed < self.report_after:
+            return None
+        note = f", {note}" if note else ""
+        remaining = self.first_step + self.iterations - step
+        per_it = statistics.median(self.recent)
+        total = now - self.t0 + remaining * per_it
+        if self.reported is None:
+            self.reported = total
+            return (f"ETA for {self.iterations} iterations: {format_duration(total)} ({format_duration(per_it)} per "
+                    f"iteration, median of iterations 1-{self.timed}{note}; {remaining} to go)")
+        if self.timed % self.recent.maxlen or abs(total - self.reported) <= self.drift * self.reported:
+            return None
+        self.reported = total
+        return (f"ETA updated at iteration {step - self.first_step}: {format_duration(total)} for {self.iterations} "
+                f"iterations ({format_duration(per_it)} per iteration lately{note}; "
+                f"{format_duration(remaining * per_it)} to go)")
+
+
 class Rh3dgsTrainer(Trainer):
-    """nerfstudio's Trainer with atomic checkpoint writes and a resume that skips broken files."""
+    """nerfstudio's Trainer with atomic checkpoint writes, a resume that skips broken files and an early ETA."""
 
     config: "Rh3dgsTrainerConfig"
+    clock: Optional[TrainingClock] = None
+    """Set by :meth:`train` (a loop driving :meth:`train_iteration` itself gets no ETA lines)."""
+
+    def train(self) -> None:
+        self.clock = TrainingClock(self._start_step, self.config.max_num_iterations)
+        super().train()
+
+    def train_iteration(self, step: int):
+        if self.clock is not None:
+            first = self.clock.reported is None
+            msg = self.clock.tick(step, note=f"{self.pipeline.model.num_points} Gaussians")
+            if msg:
+                CONSOLE.log(msg)
+            if msg and first and str(self.device).startswith("cpu") and self.clock.reported > 3600 \
+                    and self.config.method_name != "rh3dgs-lite":
+                CONSOLE.log("On a CPU, `ns-train rh3dgs-lite` is the preset sized to finish in minutes.")
+        return super().train_iteration(step)
 
     def save_checkpoint(self, step: int) -> None:
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
