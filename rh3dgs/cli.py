@@ -59,7 +59,8 @@ def _save_render_pngs(result, names: List[str], out_dir: Path, start: int = 0) -
 def cmd_synth(args) -> int:
     from .data.synthetic import SceneConfig, make_scene, write_dataset
 
-    cfg = SceneConfig(seed=args.seed, num_views=args.views, image_size=args.size)
+    cfg = SceneConfig(seed=args.seed, num_views=args.views, image_size=args.size,
+                      heldout_views=0 if args.no_semantic else 4)  # held-out views: the semantic scores
     scene = make_scene(cfg)
     paths = write_dataset(scene, prepare_output_dir(args.output, args.overwrite))
     print(f"wrote a synthetic dataset with {len(scene.gaussians)} Gaussians, {len(scene.cameras)} views, "
@@ -101,7 +102,8 @@ def cmd_demo(args) -> int:
 
     t0 = time.time()
     out = prepare_output_dir(args.output, args.overwrite)
-    cfg = SceneConfig(seed=args.seed, num_views=args.views, image_size=args.size)
+    cfg = SceneConfig(seed=args.seed, num_views=args.views, image_size=args.size,
+                      heldout_views=0 if args.no_semantic else 4)  # held-out views: the semantic scores
     scene = make_scene(cfg)
     data = write_dataset(scene, out / "data")
     print(f"[1/2] synthetic scene: {len(scene.gaussians)} Gaussians, {len(scene.cameras)} views -> {data['root']}")

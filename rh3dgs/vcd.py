@@ -78,7 +78,7 @@ class VCDConfig:
     footprint_tol: float = 0.05
     """W_fp: relative depth difference |Dbar(v) - Dbar(u)| / Dbar(u) within which v shows u's surface."""
     footprint_power: float = 1.0
-    """W_fp = purity ** footprint_power."""
+    """W_fp = purity ** footprint_power (0: no footprint term)."""
 
     @classmethod
     def rh3dgs(cls, **overrides) -> "VCDConfig":
@@ -102,8 +102,8 @@ class VCDConfig:
         for name, value in positive.items():
             if not float(value) > 0.0:
                 raise ConfigError(f"VCDConfig.{name} must be > 0, got {value!r}")
-        if not (self.footprint >= 0 and self.footprint_tol > 0 and self.footprint_power > 0):
-            raise ConfigError("VCDConfig: footprint >= 0, footprint_tol > 0 and footprint_power > 0 are required")
+        if not (self.footprint >= 0 and self.footprint_tol > 0 and self.footprint_power >= 0):
+            raise ConfigError("VCDConfig: footprint >= 0, footprint_tol > 0 and footprint_power >= 0 (0: no footprint term) are required")
         if self.edge_radius < 0:
             raise ConfigError(f"VCDConfig.edge_radius must be >= 0, got {self.edge_radius}")
         if not 0.0 <= self.min_weight <= 1.0:
