@@ -107,9 +107,22 @@ def _save_render_pngs(result, names: List[str], out_dir: Path, start: int = 0) -
     return written
 
 
+def _synthetic_sizes(args) -> None:
+    """``--views`` / ``--size`` of the synthetic scene: at least 1 view of 8 x 8 pixels, and images that fit."""
+    from .memory import check_memory, image_memory_estimate
+
+    if args.views < 1:
+        raise ConfigError(f"--views {args.views}: the synthetic scene needs at least 1 view")
+    if args.size < 8:
+        raise ConfigError(f"--size {args.size}: images of at least 8 x 8 pixels")
+    check_memory(image_memory_estimate(args.size, args.size), f"{args.size}x{args.size} synthetic images",
+                 knobs=["--size N (smaller images)"])
+
+
 def cmd_synth(args) -> int:
     from .data.synthetic import SceneConfig, make_scene, write_dataset
 
+    _synthetic_sizes(args)
     cfg = SceneConfig(seed=args.seed, num_views=args.views, image_size=args.size)
     scene = make_scene(cfg)
     paths = write_dataset(scene, prepare_output_dir(args.output, args.overwrite))
@@ -152,6 +165,7 @@ def cmd_demo(args) -> int:
     from .rendering import render
 
     t0 = time.time()
+    _synthetic_sizes(args)
     out = prepare_output_dir(args.output, args.overwrite)
     cfg = SceneConfig(seed=args.seed, num_views=args.views, image_size=args.size)
     scene = make_scene(cfg)

@@ -119,6 +119,8 @@ def _cases(f, out="OUT"):
         ("missing required option", ["lift", ply, "--output", out], ["--data"]),
         ("missing positional", ["query", "--output", out], ["query"]),
         ("int option not an int", ["synth", "--output", out, "--views", "abc"], ["--views", "abc"]),
+        ("synth --views 0 (fuzzer)", ["synth", "--output", out, "--views", "0"], ["--views"]),
+        ("synth --size 1e6", ["synth", "--output", out, "--size", "1000000"], ["memory estimate"]),
         ("float option not a float", ["lift", ply, "--data", data, "--output", out, "--delta", "x"], ["--delta"]),
         ("choice not allowed", ["lift", ply, "--data", data, "--output", out, "--method", "mean"], ["--method", "mean"]),
         ("bad --max-memory", ["--max-memory", "lots", "render", ply, "--transforms", data, "--output", out],
