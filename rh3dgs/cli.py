@@ -18,16 +18,67 @@ before allocating when it cannot fit in the machine's memory or ``rh3dgs --max-m
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import sys
 import time
 from pathlib import Path
 from typing import List, Optional
 
 from .errors import ConfigError, Rh3dgsError
+from .progress import track
 from .io.outputs import check_not_input, check_output_dir, check_output_file, prepare_output_dir, scene_inputs
 from .query import CANONICAL_NEGATIVES, THRESHOLD, format_queries, parse_queries
 
 __all__ = ["main"]
+
+
+class UsageError(ConfigError):
+    """A command line that does not parse (unknown option, missing argument, a value of the wrong type)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a bad command line reported as one line (``rh3dgs: error: ...``, exit code 2) by
+    :func:`main` instead of the usage block."""
+
+    def error(self, message: str):  # type: ignore[override]
+        where = self.prog if self.prog != "rh3dgs" else "rh3dgs"
+        raise UsageError(f"{where}: {message} (see {self.prog} --help)")
+
+
+@contextlib.contextmanager
+def _writing(path):
+    """Report an OS error while writing the output ``path`` (a folder where a file goes, no write
+    permission, a name too long, a full disk...) as one line naming it."""
+    try:
+        yield
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc} "
+                          f"({exc.filename if exc.filename else 'while writing'})") from exc
+
+
+def _views_arg(text: Optional[str], n: int) -> List[int]:
+    """``--views "0,3,5"`` -> [0, 3, 5] (None: every view), each checked against the ``n`` cameras."""
+    if text is None:
+        return list(range(n))
+    try:
+        views = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"--views: expected comma-separated camera indices (e.g. 0,3,5), got {text!r}") from None
+    if not views:
+        raise ConfigError(f"--views: no camera index given ({text!r}); leave it out for every view")
+    bad = [i for i in views if not 0 <= i < n]
+    if bad:
+        raise ConfigError(f"--views: index {bad[0]} is outside 0..{n - 1}")
+    return views
+
+
+def _stem(query: str, limit: int = 80) -> str:
+    """A file-name stem for a query ("red mug" -> "red_mug"); long ones keep ``limit`` characters and a hash."""
+    stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in query.replace(" ", "_")).strip(".") or "query"
+    if len(stem) > limit:
+        stem = stem[:limit] + "_" + hashlib.sha1(query.encode()).hexdigest()[:8]
+    return stem
 
 
 def _transforms_file(path) -> Path:
@@ -56,11 +107,23 @@ def _save_render_pngs(result, names: List[str], out_dir: Path, start: int = 0) -
     return written
 
 
+def _synthetic_sizes(args) -> None:
+    """``--views`` / ``--size`` of the synthetic scene: at least 1 view of 8 x 8 pixels, and images that fit."""
+    from .memory import check_memory, image_memory_estimate
+
+    if args.views < 1:
+        raise ConfigError(f"--views {args.views}: the synthetic scene needs at least 1 view")
+    if args.size < 8:
+        raise ConfigError(f"--size {args.size}: images of at least 8 x 8 pixels")
+    check_memory(image_memory_estimate(args.size, args.size), f"{args.size}x{args.size} synthetic images",
+                 knobs=["--size N (smaller images)"])
+
+
 def cmd_synth(args) -> int:
     from .data.synthetic import SceneConfig, make_scene, write_dataset
 
-    cfg = SceneConfig(seed=args.seed, num_views=args.views, image_size=args.size,
-                      heldout_views=0 if args.no_semantic else 4)  # held-out views: the semantic scores
+    _synthetic_sizes(args)
+    cfg = SceneConfig(seed=args.seed, num_views=args.views, image_size=args.size)
     scene = make_scene(cfg)
     paths = write_dataset(scene, prepare_output_dir(args.output, args.overwrite))
     print(f"wrote a synthetic dataset with {len(scene.gaussians)} Gaussians, {len(scene.cameras)} views, "
@@ -85,11 +148,12 @@ def cmd_render(args) -> int:
 
     cams, images = _load_cameras(args, args.transforms, check_images=False, require_images=False,
                                  preflight=preflight)
-    names = [p.stem for p in images]
-    for i in range(len(cams)):
+    names = [p.stem[:80] for p in images]
+    for i in track(range(len(cams)), description="render"):
         with torch.no_grad():
             r = render(gaussians, cams[i])
-        _save_render_pngs(r, names, out, start=i)
+        with _writing(out):
+            _save_render_pngs(r, names, out, start=i)
     print(f"rendered {len(cams)} views of {len(gaussians)} Gaussians to {out}")
     return 0
 
@@ -101,18 +165,20 @@ def cmd_demo(args) -> int:
     from .rendering import render
 
     t0 = time.time()
+    _synthetic_sizes(args)
     out = prepare_output_dir(args.output, args.overwrite)
     cfg = SceneConfig(seed=args.seed, num_views=args.views, image_size=args.size,
                       heldout_views=0 if args.no_semantic else 4)  # held-out views: the semantic scores
     scene = make_scene(cfg)
     data = write_dataset(scene, out / "data")
-    print(f"[1/2] synthetic scene: {len(scene.gaussians)} Gaussians, {len(scene.cameras)} views -> {data['root']}")
+    steps = 2 if args.no_semantic else 5  # demo_semantic prints [3/5]..[5/5]
+    print(f"[1/{steps}] synthetic scene: {len(scene.gaussians)} Gaussians, {len(scene.cameras)} views -> {data['root']}")
     renders = out / "renders"
-    for i in range(len(scene.cameras)):
+    for i in track(range(len(scene.cameras)), description="render"):
         with torch.no_grad():
             r = render(scene.gaussians, scene.cameras[i])
         _save_render_pngs(r, scene.cameras.names, renders, start=i)
-    print(f"[2/2] renders (RGB, depth, alpha PNGs) -> {renders}")
+    print(f"[2/{steps}] renders (RGB, depth, alpha PNGs) -> {renders}")
     extra = _demo_semantic(scene, out, args) if not args.no_semantic else None
     print(f"done in {time.time() - t0:.1f} s. Results: {out.resolve()}")
     if extra:
@@ -137,6 +203,10 @@ def _teacher_config(args):
     from .teachers import TeacherConfig
 
     given = {k: getattr(args, k) for k in ("model", "pretrained", "checkpoint", "features_dir") if getattr(args, k)}
+    if args.checkpoint and not Path(args.checkpoint).expanduser().is_file():  # before open_clip is imported
+        from .errors import MissingWeightsError
+
+        raise MissingWeightsError(f"--checkpoint {args.checkpoint}: checkpoint file not found")
     return TeacherConfig(name=args.teacher, cache_dir=args.cache, **given)
 
 
@@ -234,6 +304,10 @@ def cmd_lift(args) -> int:
               *spec_paths(spec)]  # the teacher's own files: features_dir, checkpoint...
     out = check_output_dir(args.output, args.overwrite, inputs)
     gaussians = load_ply(args.scene, latents=False)  # the lift computes the latents
+    if len(gaussians) == 0:
+        from .errors import PlyFormatError
+
+        raise PlyFormatError(args.scene, "the PLY has 0 vertices: no Gaussians to lift")
     teacher = tcfg.setup(data)
     d_teacher = int(teacher.dim)
     if args.config:
@@ -280,21 +354,24 @@ def cmd_query(args) -> int:
     negatives = None if args.negatives is None else list(parse_queries(args.negatives))
     if scene.cameras is None:
         raise ConfigError(f"{args.scene}: the scene has no cameras (transforms.json) to render queries from")
-    views = range(len(scene.cameras)) if args.views is None else [int(v) for v in args.views.split(",")]
-    names = scene.cameras.names or [f"view_{i:05d}" for i in range(len(scene.cameras))]
-    for i in views:
-        if not 0 <= i < len(scene.cameras):
-            raise ConfigError(f"--views: index {i} is outside 0..{len(scene.cameras) - 1}")
+    views = _views_arg(args.views, len(scene.cameras))
+    names = [n[:80] for n in scene.cameras.names] or [f"view_{i:05d}" for i in range(len(scene.cameras))]
+    scene.encode(queries)  # an unknown query stops here, before any file is written
+    if negatives:
+        scene.encode(negatives)
+    for i in track(views, description="query: relevancy"):
         rel = scene.render_relevancy(i, queries, negatives)
         rgb = scene.render(i)
         for q, r in zip(queries, rel):
-            stem = q.replace(" ", "_").replace("/", "_")
-            atomic_save_png(out / f"{names[i]}_{stem}_relevancy.png", colorize(r, vmin=0.0, vmax=1.0))
-            atomic_save_png(out / f"{names[i]}_{stem}_overlay.png", overlay_heatmap(rgb, r, threshold=args.threshold))
-    for q in queries:
+            with _writing(out):
+                atomic_save_png(out / f"{names[i]}_{_stem(q)}_relevancy.png", colorize(r, vmin=0.0, vmax=1.0))
+                atomic_save_png(out / f"{names[i]}_{_stem(q)}_overlay.png",
+                                overlay_heatmap(rgb, r, threshold=args.threshold))
+    for q in track(queries, description="query: selections"):
         sel = scene.select(q, threshold=args.threshold, negatives=negatives)
-        stem = q.replace(" ", "_").replace("/", "_")
-        scene.export_ply(out / f"{stem}.ply", mask=sel)
+        stem = _stem(q)
+        with _writing(out / f"{stem}.ply"):
+            scene.export_ply(out / f"{stem}.ply", mask=sel)
         print(f"'{q}': {int(sel.sum())} of {len(scene)} Gaussians above {args.threshold} -> {out / (stem + '.ply')}")
     print(f"relevancy PNGs for {len(queries)} queries x {len(views)} views -> {out}")
     return 0
@@ -307,7 +384,8 @@ def cmd_select(args) -> int:
     scene = load(args.scene)
     negatives = None if args.negatives is None else list(parse_queries(args.negatives))
     sel = scene.select(args.query, threshold=args.threshold, negatives=negatives)
-    out = scene.export_ply(out, mask=sel, latents=args.latents, latent_dtype=args.latent_dtype)
+    with _writing(out):
+        out = scene.export_ply(out, mask=sel, latents=args.latents, latent_dtype=args.latent_dtype)
     print(f"'{args.query}': {int(sel.sum())} of {len(scene)} Gaussians above {args.threshold} -> {out}")
     return 0
 
@@ -317,7 +395,8 @@ def cmd_export(args) -> int:
 
     out = check_output_file(args.output, args.overwrite, scene_inputs(args.scene))
     scene = load(args.scene)
-    out = scene.export_ply(out, latents=args.latents, latent_dtype=args.latent_dtype)
+    with _writing(out):
+        out = scene.export_ply(out, latents=args.latents, latent_dtype=args.latent_dtype)
     with_latents = args.latents and scene.field is not None
     print(f"{len(scene)} Gaussians{' with sem_* latents' if with_latents else ' (plain 3DGS PLY)'} -> {out}")
     return 0
@@ -333,7 +412,7 @@ def _demo_semantic(scene, out: Path, args) -> Optional[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rh3dgs", description="Robust open-vocabulary semantic 3D Gaussian Splatting")
+    p = _Parser(prog="rh3dgs", description="Robust open-vocabulary semantic 3D Gaussian Splatting")
     p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
     p.add_argument("--max-memory", default=None, metavar="SIZE",
                    help="refuse jobs whose memory estimate exceeds SIZE (e.g. 8G, 512M; default: the memory "
@@ -431,18 +510,44 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    from .memory import memory_limit
+    """``rh3dgs ARGV``; returns the exit code: 0, or 2 after one line ``rh3dgs: error: ...`` on stderr for
+    bad input (a command line that does not parse, a file or value rh3dgs refuses: rh3dgs.errors, or an
+    operating-system error on a named path). ``--debug`` re-raises the error (traceback)."""
+    from .progress import silence_known_warnings
 
+    silence_known_warnings()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = _global_flag(argv, "--debug")
     try:
+        args = build_parser().parse_args(argv)
+        from .memory import memory_limit
+
         with memory_limit(args.max_memory):
             return int(args.func(args) or 0)
     except Rh3dgsError as exc:
-        if args.debug:
+        if debug:
             raise
-        print(f"rh3dgs: error: {exc}", file=sys.stderr)
+        print(f"rh3dgs: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a path the user named that the system refuses (too long, no permission...)
+        if debug or exc.filename is None:
+            raise
+        print(f"rh3dgs: error: {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+
+
+def _global_flag(argv: List[str], flag: str) -> bool:
+    """Whether ``flag`` is among the options before the command (``rh3dgs --debug lift ...``)."""
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        if argv[i] == flag:
+            return True
+        i += 2 if argv[i] == "--max-memory" else 1
+    return False
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split()) if "\n" in text else text
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -58,7 +58,9 @@ def test_lift_query_select_export(dataset, tmp_path, capsys):
     from rh3dgs.data.teacher_sim import simulate_teacher
 
     simulate_teacher(data, progress=False)
+    capsys.readouterr()
     assert main(["lift", str(data / "scene.ply"), "--data", str(data), "--output", str(tmp_path / "scene")]) == 0
+    assert capsys.readouterr().err == ""  # no terminal: no progress line per chunk or pass (rh3dgs.progress)
     assert (tmp_path / "scene" / "rh3dgs.json").exists() and (tmp_path / "scene" / "field.npz").exists()
     assert main(["query", str(tmp_path / "scene"), "blue box", "--views", "1", "--output", str(tmp_path / "q")]) == 0
     assert len(list((tmp_path / "q").glob("*.png"))) == 2

@@ -36,6 +36,7 @@ pytestmark = pytest.mark.slow
 def _env():
     env = dict(os.environ)
     env.pop("RH3DGS_QUIET", None)  # progress lines on stderr tell us when the work starts
+    env["RH3DGS_PROGRESS"] = "lines"  # (no terminal: plain lines, rh3dgs.progress)
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

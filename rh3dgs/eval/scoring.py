@@ -135,6 +135,7 @@ def evaluate_scene(scene, dataset_dir: PathLike, views: Optional[Sequence[int]] 
     """
     from ..api import load
     from ..io.transforms import load_transforms
+    from ..progress import track
 
     sc = load(scene) if isinstance(scene, (str, Path)) else scene
     field_ = sc._require_field()
@@ -157,7 +158,7 @@ def evaluate_scene(scene, dataset_dir: PathLike, views: Optional[Sequence[int]] 
                           f"(camera names {names[:3]}..., masks {sorted(masks)[:3]}...)")
     text = sc.encode(list(classes))  # [K, D]
     lats, alphas = [], []
-    for i, stem in pairs:
+    for i, stem in track(pairs, description="eval: rendering views"):
         lat, alpha, _ = sc.render_latents(cams[i])
         if lat.shape[:2] != masks[stem].shape:
             raise InputFileError(Path(dataset_dir) / "masks" / f"{stem}.png",

@@ -209,15 +209,16 @@ def run_suite(out_dir: PathLike, cfg: Optional[SuiteConfig] = None, work_dir: Op
             with PeakMemory(scene.gaussians.device) as pm:
                 t0 = time.perf_counter()
                 if kind == "lift":
-                    res = lift(scene.gaussians, scene.cameras, maps, LiftConfig(**kw), progress=False)
+                    res = lift(scene.gaussians, scene.cameras, maps, LiftConfig(**kw), progress=progress)
                     lifts[name] = res
                 else:
                     if LIFT_OURS not in lifts:
-                        lifts[LIFT_OURS] = lift(scene.gaussians, scene.cameras, maps, LiftConfig(), progress=False)
+                        lifts[LIFT_OURS] = lift(scene.gaussians, scene.cameras, maps, LiftConfig(),
+                                                progress=progress)
                     dcfg = DistillConfig(**{"steps": cfg.distill_steps, **cfg.distill,
                                             "objective": ObjectiveConfig(**kw)})
                     res = distill(scene.gaussians, scene.cameras, maps, dcfg, init_lift=lifts[LIFT_OURS],
-                                  views=train_views)
+                                  views=train_views, progress=progress)
                 seconds = time.perf_counter() - t0
             fld = res.field()
             with torch.no_grad():

@@ -1,0 +1,235 @@
+"""Every bad input the ``rh3dgs`` CLI can be given, as a table: argv -> a fragment the one-line error must hold.
+
+Each case runs ``rh3dgs.cli.main(argv)`` in this process and requires exit code 2 and exactly one line on
+stderr, ``rh3dgs: error: ...``, naming the file or the argument (no traceback, nothing else). The inputs
+are tiny files made by the fuzzers' seeds (``tests/fuzz/targets.py``), each broken in one way.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fuzz.targets import seed_dir
+from rh3dgs.cli import main
+
+LONG = "x" * 300  # a file name longer than any file system allows (NAME_MAX 255)
+
+
+def _dataset(root: Path, name: str, edit=None, image: bool = True) -> Path:
+    """A copy of the seed dataset (one 4x3 image) with ``edit(transforms dict)`` applied."""
+    seeds = seed_dir()
+    d = root / name
+    d.mkdir()
+    if image:
+        shutil.copy(seeds / "data" / "img0.png", d / "img0.png")
+    tj = json.loads((seeds / "data" / "transforms.json").read_text())
+    if edit:
+        edit(tj)
+    (d / "transforms.json").write_text(json.dumps(tj))
+    return d
+
+
+def _with_features(d: Path, fmap: np.ndarray) -> Path:
+    (d / "features").mkdir()
+    np.save(d / "features" / "img0.npy", fmap)
+    shutil.copy(seed_dir() / "text_embeddings.npz", d / "features" / "text_embeddings.npz")
+    return d
+
+
+def _set(**kw):
+    return lambda tj: tj.update(kw)
+
+
+def _frames(n):
+    return lambda tj: tj.update(frames=[tj["frames"][0]] * n)  # n views of the one image
+
+
+def _long_path(tj):
+    tj["frames"][0]["file_path"] = LONG + ".png"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """name -> path of every broken input (and a few good ones), made once."""
+    root = tmp_path_factory.mktemp("bad")
+    seeds = seed_dir()
+    f = {"ply": seeds / "scene.ply", "data": seeds / "data", "scene": seeds / "scene", "root": root}
+    (root / "garbage.ply").write_bytes(b"not a ply at all")
+    good = (seeds / "scene.ply").read_bytes()
+    (root / "trunc.ply").write_bytes(good[: len(good) - 7])
+    head = good[: good.index(b"end_header\n") + len(b"end_header\n")].decode("latin-1")
+    (root / "empty.ply").write_bytes(head.replace("element vertex 4", "element vertex 0").encode("latin-1"))
+    (root / "huge.ply").write_bytes(head.replace("element vertex 4", "element vertex 1000000000000")
+                                    .encode("latin-1") + b"\0" * 64)
+    (root / "afile").write_text("a plain file")
+    (root / "outdir").mkdir()
+    for k in ("garbage", "trunc", "empty", "huge"):
+        f[k] = root / f"{k}.ply"
+    f["noimg"] = _dataset(root, "noimg", image=False)
+    f["badsize"] = _dataset(root, "badsize", _set(w=8, h=6))
+    f["nanpose"] = _dataset(root, "nanpose", lambda tj: tj["frames"][0]["transform_matrix"][0].__setitem__(3, float("nan")))
+    f["nointr"] = _dataset(root, "nointr", lambda tj: tj.pop("fl_x"))
+    f["noframes"] = _dataset(root, "noframes", _set(frames=[]))
+    f["big"] = _dataset(root, "big", _set(w=40000, h=40000))
+    fmap = np.random.default_rng(0).normal(size=(3, 4, 5)).astype(np.float32)
+    f["many"] = _with_features(_dataset(root, "many", lambda tj: (_frames(120_000)(tj), tj.update(w=64, h=64))), fmap)
+    f["longname"] = _with_features(_dataset(root, "longname", _long_path), fmap)
+    nan = fmap.copy()
+    nan[1, 2, 0] = np.nan
+    f["nanfeat"] = _with_features(_dataset(root, "nanfeat"), nan)
+    f["zerofeat"] = _with_features(_dataset(root, "zerofeat"), np.zeros_like(fmap))
+    f["featshape"] = _with_features(_dataset(root, "featshape"), fmap[None])
+    f["nofeat"] = _dataset(root, "nofeat")
+    f["goodfeat"] = _with_features(_dataset(root, "goodfeat"), fmap)
+    hugemap = _dataset(root, "hugemap")
+    (hugemap / "features").mkdir()
+    with open(hugemap / "features" / "img0.npy", "wb") as fh:  # a header claiming 1e5 x 1e5 x 512 floats
+        np.lib.format.write_array_header_1_0(fh, {"descr": "<f4", "fortran_order": False,
+                                                  "shape": (100_000, 100_000, 512)})
+        fh.write(b"\0" * 64)
+    f["hugemap"] = hugemap
+    broken = root / "brokenscene"
+    shutil.copytree(seeds / "scene", broken)
+    (broken / "field.npz").write_bytes(b"PK\x03\x04 truncated")
+    f["brokenscene"] = broken
+    noply = root / "noplyscene"
+    shutil.copytree(seeds / "scene", noply)
+    (noply / "semantic.ply").unlink()
+    f["noplyscene"] = noply
+    (root / "badpreset.yaml").write_text("delta: [1, 2\n")
+    (root / "unknownkey.yaml").write_text("deltaa: 0.3\n")
+    return f
+
+
+def _cases(f, out="OUT"):
+    """(case id, argv, fragments the error line must contain); ``out``: an output path that must stay unwritten."""
+    R = f["root"]
+    out = str(out)
+    ply, data, scene = str(f["ply"]), str(f["data"]), str(f["scene"])
+    d = _Str(f)
+    return [
+        # ---- the command line itself
+        ("no command", [], ["command"]),
+        ("unknown command", ["frobnicate"], ["frobnicate"]),
+        ("unknown option", ["render", ply, "--transforms", data, "--output", out, "--bogus"], ["--bogus"]),
+        ("missing required option", ["lift", ply, "--output", out], ["--data"]),
+        ("missing positional", ["query", "--output", out], ["query"]),
+        ("int option not an int", ["synth", "--output", out, "--views", "abc"], ["--views", "abc"]),
+        ("synth --views 0 (fuzzer)", ["synth", "--output", out, "--views", "0"], ["--views"]),
+        ("synth --size 1e6", ["synth", "--output", out, "--size", "1000000"], ["memory estimate"]),
+        ("float option not a float", ["lift", ply, "--data", data, "--output", out, "--delta", "x"], ["--delta"]),
+        ("choice not allowed", ["lift", ply, "--data", data, "--output", out, "--method", "mean"], ["--method", "mean"]),
+        ("bad --max-memory", ["--max-memory", "lots", "render", ply, "--transforms", data, "--output", out],
+         ["--max-memory", "lots"]),
+        ("--max-memory too small", ["--max-memory", "1K", "render", ply, "--transforms", data, "--output", out],
+         ["memory estimate"]),
+        ("negative delta", ["lift", ply, "--data", d["goodfeat"], "--output", out, "--delta", "-1"], ["delta"]),
+        ("zero downscale", ["render", ply, "--transforms", data, "--output", out, "--downscale", "0"], ["downscale"]),
+        ("lift preset missing", ["lift", ply, "--data", d["goodfeat"], "--output", out, "--config", str(R / "nope.yaml")],
+         ["nope.yaml"]),
+        ("lift preset not YAML", ["lift", ply, "--data", d["goodfeat"], "--output", out, "--config", str(R / "badpreset.yaml")],
+         ["badpreset.yaml"]),
+        ("lift preset unknown key", ["lift", ply, "--data", d["goodfeat"], "--output", out, "--config",
+                                     str(R / "unknownkey.yaml")], ["deltaa"]),
+        ("eval: neither scene nor suite", ["eval"], ["--suite"]),
+        ("eval: bad --layouts", ["eval", "--suite", "synthetic", "--layouts", "a,b", "--output", out], ["--layouts"]),
+        # ---- PLY files
+        ("missing PLY", ["render", str(R / "nope.ply"), "--transforms", data, "--output", out], ["nope.ply", "not found"]),
+        ("PLY that is not a PLY", ["render", d["garbage"], "--transforms", data, "--output", out], ["garbage.ply"]),
+        ("truncated PLY", ["render", d["trunc"], "--transforms", data, "--output", out], ["trunc.ply"]),
+        ("PLY with 0 vertices: lift", ["lift", d["empty"], "--data", d["goodfeat"], "--output", out], ["empty.ply"]),
+        ("PLY header of 1e12 vertices", ["render", d["huge"], "--transforms", data, "--output", out],
+         ["huge.ply", "memory estimate"]),
+        # ---- transforms.json and images
+        ("no transforms.json", ["render", ply, "--transforms", str(R / "outdir"), "--output", out], ["transforms.json"]),
+        ("images missing", ["extract", "--data", d["noimg"], "--teacher", "tiny-clip"], ["img0.png"]),
+        ("image size != transforms w/h", ["extract", "--data", d["badsize"], "--teacher", "tiny-clip"], ["img0.png"]),
+        ("NaN pose", ["render", ply, "--transforms", d["nanpose"], "--output", out], ["transform_matrix", "nan"]),
+        ("no intrinsics", ["render", ply, "--transforms", d["nointr"], "--output", out], ["transforms.json", "fl_x"]),
+        ("no frames", ["render", ply, "--transforms", d["noframes"], "--output", out], ["transforms.json", "frames"]),
+        ("40000x40000 images", ["render", ply, "--transforms", d["big"], "--output", out], ["memory estimate"]),
+        ("120k frames", ["--max-memory", "1G", "lift", ply, "--data", d["many"], "--output", out],
+         ["120000 views", "memory estimate", "--streaming"]),
+        ("image name too long: lift", ["lift", ply, "--data", d["longname"], "--output", out], [LONG[:40]]),
+        ("image name too long: extract", ["extract", "--data", d["longname"], "--teacher", "tiny-clip",
+                                          "--cache", str(R / "cache_long")], [LONG[:40]]),
+        # ---- teacher features and models
+        ("NaN in a feature map", ["lift", ply, "--data", d["nanfeat"], "--output", out], ["img0.npy", "pixel (y=1, x=2)"]),
+        ("zero-norm feature map", ["lift", ply, "--data", d["zerofeat"], "--output", out], ["img0.npy"]),
+        ("feature map of the wrong shape", ["lift", ply, "--data", d["featshape"], "--output", out], ["img0.npy"]),
+        ("features folder missing", ["lift", ply, "--data", d["nofeat"], "--output", out], ["features"]),
+        ("1e5 x 1e5 teacher map", ["lift", ply, "--data", d["hugemap"], "--output", out],
+         ["img0.npy", "memory estimate"]),
+        ("unknown teacher", ["extract", "--data", data, "--teacher", "dino"], ["dino"]),
+        ("missing checkpoint", ["extract", "--data", data, "--teacher", "clip", "--checkpoint", str(R / "ckpt.pt"),
+                                "--cache", str(R / "cache_ck")], ["ckpt.pt"]),
+        # ---- scene folders and queries
+        ("not a scene folder", ["query", str(R / "outdir"), "red mug", "--output", out], ["outdir", "rh3dgs.json"]),
+        ("corrupt field.npz", ["query", d["brokenscene"], "red mug", "--output", out], ["field.npz"]),
+        ("scene without semantic.ply", ["query", d["noplyscene"], "red mug", "--output", out], ["semantic.ply"]),
+        ("unknown query", ["select", scene, "purple elephant", "--output", str(R / "sel.ply")], ["purple elephant"]),
+        ("empty query", ["query", scene, " ; ", "--output", out], ["no query"]),
+        ("very long query", ["select", scene, "mug " * 5000, "--output", str(R / "sel.ply")], ["no text embedding"]),
+        ("--views abc", ["query", scene, "red mug", "--views", "abc", "--output", out], ["--views", "abc"]),
+        ("--views empty", ["query", scene, "red mug", "--views", "", "--output", out], ["--views"]),
+        ("--views out of range", ["query", scene, "red mug", "--views", "7", "--output", out], ["--views", "7"]),
+        ("--threshold not a number", ["select", scene, "red mug", "--threshold", "high", "--output", out],
+         ["--threshold"]),
+        # ---- outputs
+        ("select --output is a folder", ["select", scene, "red mug", "--negatives", "chair", "--output", str(R / "outdir")], ["outdir", "folder"]),
+        ("export --output is a folder", ["export", scene, "--output", str(R / "outdir")], ["outdir", "folder"]),
+        ("select --output unwritable", ["select", scene, "red mug", "--negatives", "chair", "--output", "/proc/x.ply"], ["/proc/x.ply"]),
+        ("export --output unwritable", ["export", scene, "--output", "/proc/x.ply"], ["/proc/x.ply"]),
+        ("select --output under a file", ["select", scene, "red mug", "--negatives", "chair", "--output", str(R / "afile" / "x.ply")],
+         ["afile"]),
+        ("export --output under a file", ["export", scene, "--output", str(R / "afile" / "x.ply")], ["afile"]),
+        ("export --output name too long", ["export", scene, "--output", str(R / (LONG + ".ply"))], [LONG[:40]]),
+        ("render --output under a file", ["render", ply, "--transforms", data, "--output", str(R / "afile" / "r")],
+         ["afile"]),
+        ("select over the scene's own PLY", ["select", scene, "red mug", "--negatives", "chair", "--output", str(f["scene"] / "semantic.ply"),
+                                             "--overwrite"], ["semantic.ply"]),
+        ("lift into the dataset", ["lift", ply, "--data", d["nanfeat"], "--output", d["nanfeat"], "--overwrite"],
+         ["nanfeat"]),
+        ("view a missing path", ["view", str(R / "nowhere")], ["nowhere"]),
+    ]
+
+
+class _Str:
+    def __init__(self, f):
+        self.f = f
+
+    def __getitem__(self, key):
+        return str(self.f[key])
+
+
+class _AnyPath(dict):
+    def __missing__(self, key):
+        return Path("/x")
+
+
+CASES = [c[0] for c in _cases(_AnyPath())]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_one_line_naming_the_problem(case, files, capsys, tmp_path):
+    out = tmp_path / "out_never_written"
+    _, argv, needles = next(c for c in _cases(files, out) if c[0] == case)
+    before = _tree(files["root"])
+    code = main(argv)
+    cap = capsys.readouterr()
+    lines = cap.err.strip().splitlines()
+    assert code == 2, (code, cap.err[-2000:])
+    assert len(lines) == 1 and lines[0].startswith("rh3dgs: error: "), cap.err[-2000:]
+    for s in needles:
+        assert s in lines[0], (s, lines[0])
+    assert _tree(files["root"]) == before  # a refused job writes nothing
+    assert not out.exists()
+
+
+def _tree(root: Path):
+    return sorted((str(p.relative_to(root)), p.stat().st_size) for p in root.rglob("*")
+                  if p.is_file() and "cache" not in p.parts[len(root.parts)])
