@@ -219,6 +219,7 @@ def cmd_extract(args) -> int:
 
 
 def cmd_lift(args) -> int:
+    from .io.frames import to_data_frame
     from .io.ply import load_ply
     from .io.scene import save_scene
     from .lifting import LiftConfig, lift
@@ -249,6 +250,9 @@ def cmd_lift(args) -> int:
         preflight_lift(len(gaussians), views, h, w, d_teacher, cfg, device=str(gaussians.device))
 
     cams, images = _load_cameras(args, data, check_images=False, preflight=preflight)
+    gaussians, frame = to_data_frame(gaussians, args.scene, cams, data, frame=args.frame, images=images)
+    if frame != "data":
+        print(f"{args.scene}: Gaussians in the {frame} frame, mapped to the dataset's (rh3dgs.io.frames)")
     print(preflight_lift(len(gaussians), len(cams), cams.height, cams.width, d_teacher, cfg,
                          device=str(gaussians.device)).summary())
     maps = _dataset_maps(args, teacher, data, images)
@@ -371,6 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     li = sub.add_parser("lift", help="training-free lift of teacher features into a 3DGS PLY")
     li.add_argument("scene", help="3DGS PLY (INRIA layout), in the frame of the dataset's cameras")
+    li.add_argument("--frame", default="auto", choices=["auto", "data", "nerfstudio", "capture"],
+                    help="frame of the PLY (default auto: detected, rh3dgs.io.frames); nerfstudio = ns-export's")
     li.add_argument("--data", required=True, help="dataset folder with transforms.json (and features/)")
     li.add_argument("--output", required=True, help="semantic scene folder to write")
     li.add_argument("--method", default="robust", choices=["robust", "karcher", "euclidean"])
