@@ -272,7 +272,7 @@ def cmd_lift(args) -> int:
 def cmd_query(args) -> int:
     from .api import load
     from .io.atomic import atomic_save_png
-    from .viz import colorize, overlay_heatmap
+    from .viz import colorize, highlight, result_sheet
 
     out = check_output_dir(args.output, args.overwrite, scene_inputs(args.scene))
     scene = load(args.scene)
@@ -292,13 +292,15 @@ def cmd_query(args) -> int:
         for q, r in zip(queries, rel):
             stem = q.replace(" ", "_").replace("/", "_")
             atomic_save_png(out / f"{names[i]}_{stem}_relevancy.png", colorize(r, vmin=0.0, vmax=1.0))
-            atomic_save_png(out / f"{names[i]}_{stem}_overlay.png", overlay_heatmap(rgb, r, threshold=args.threshold))
+            atomic_save_png(out / f"{names[i]}_{stem}_overlay.png", highlight(rgb, r, threshold=args.threshold))
+        atomic_save_png(out / f"{names[i]}_sheet.png", result_sheet(rgb, rel, queries, args.threshold, title=names[i]))
     for q in queries:
         sel = scene.select(q, threshold=args.threshold, negatives=negatives)
         stem = q.replace(" ", "_").replace("/", "_")
         scene.export_ply(out / f"{stem}.ply", mask=sel)
         print(f"'{q}': {int(sel.sum())} of {len(scene)} Gaussians above {args.threshold} -> {out / (stem + '.ply')}")
-    print(f"relevancy PNGs for {len(queries)} queries x {len(views)} views -> {out}")
+    print(f"relevancy PNGs for {len(queries)} queries x {len(views)} views, one sheet per view "
+          f"(<view>_sheet.png) -> {out}")
     return 0
 
 

@@ -22,7 +22,7 @@ from .lifting import LiftConfig, lift
 from .query import THRESHOLD
 from .rendering import render
 from .teachers import PrecomputedTeacher
-from .viz import overlay_heatmap
+from .viz import highlight, result_sheet
 
 __all__ = ["run"]
 
@@ -85,7 +85,9 @@ def run(scene, out: Path, args) -> str:
         rel = api_scene.render_relevancy(i, queries)
         rgb = api_scene.render(i)
         for q, r in zip(queries, rel):
-            atomic_save_png(qdir / f"{names[i]}_{q.replace(' ', '_')}.png", overlay_heatmap(rgb, r, threshold=THRESHOLD))
+            atomic_save_png(qdir / f"{names[i]}_{q.replace(' ', '_')}.png", highlight(rgb, r, threshold=THRESHOLD))
+        atomic_save_png(qdir / f"{names[i]}_sheet.png", result_sheet(rgb, rel[:4], queries[:4], THRESHOLD,
+                                                                      title=f"{names[i]}: text queries"))
     sel_lines = []
     for q in queries[:3]:
         sel = api_scene.select(q)
