@@ -293,14 +293,15 @@ def cmd_query(args) -> int:
             stem = q.replace(" ", "_").replace("/", "_")
             atomic_save_png(out / f"{names[i]}_{stem}_relevancy.png", colorize(r, vmin=0.0, vmax=1.0))
             atomic_save_png(out / f"{names[i]}_{stem}_overlay.png", highlight(rgb, r, threshold=args.threshold))
-        atomic_save_png(out / f"{names[i]}_sheet.png", result_sheet(rgb, rel, queries, args.threshold, title=names[i]))
+        atomic_save_png(out / "sheets" / f"{names[i]}.png", result_sheet(rgb, rel, queries, args.threshold,
+                                                                         title=names[i]))
     for q in queries:
         sel = scene.select(q, threshold=args.threshold, negatives=negatives)
         stem = q.replace(" ", "_").replace("/", "_")
         scene.export_ply(out / f"{stem}.ply", mask=sel)
         print(f"'{q}': {int(sel.sum())} of {len(scene)} Gaussians above {args.threshold} -> {out / (stem + '.ply')}")
     print(f"relevancy PNGs for {len(queries)} queries x {len(views)} views, one sheet per view "
-          f"(<view>_sheet.png) -> {out}")
+          f"(sheets/<view>.png) -> {out}")
     return 0
 
 

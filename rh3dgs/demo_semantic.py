@@ -86,7 +86,7 @@ def run(scene, out: Path, args) -> str:
         rgb = api_scene.render(i)
         for q, r in zip(queries, rel):
             atomic_save_png(qdir / f"{names[i]}_{q.replace(' ', '_')}.png", highlight(rgb, r, threshold=THRESHOLD))
-        atomic_save_png(qdir / f"{names[i]}_sheet.png", result_sheet(rgb, rel[:4], queries[:4], THRESHOLD,
+        atomic_save_png(qdir / "sheets" / f"{names[i]}.png", result_sheet(rgb, rel[:4], queries[:4], THRESHOLD,
                                                                       title=f"{names[i]}: text queries"))
     sel_lines = []
     for q in queries[:3]:

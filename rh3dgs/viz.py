@@ -93,7 +93,7 @@ def highlight(rgb: torch.Tensor, heat: torch.Tensor, threshold: float = 0.5, str
 
 def result_sheet(rgb: torch.Tensor, relevancy: torch.Tensor, queries: Sequence[str], threshold: float = 0.5,
                  title: str = "", dpi: int = 100, panel_inches: float = 3.0) -> np.ndarray:
-    """uint8 [H', W', 3] sheet: the RGB render, then per query its relevancy and :func:`highlight`.
+    """uint8 [H', W', 3] sheet: per query a row (the RGB render, its relevancy, :func:`highlight`).
 
     Args:
         rgb: [H, W, 3] in [0, 1]. relevancy: [Q, H, W] in [0, 1]. queries: Q phrases (panel titles).
@@ -106,26 +106,32 @@ def result_sheet(rgb: torch.Tensor, relevancy: torch.Tensor, queries: Sequence[s
 
     rel = relevancy.detach().float().cpu().clamp(0, 1)
     Q = rel.shape[0]
+    rgb_np = rgb.detach().float().cpu().clamp(0, 1).numpy()
     cmap = ListedColormap(turbo(torch.linspace(0, 1, 256, dtype=torch.float64)).numpy())
-    fig = Figure(figsize=(panel_inches * (1 + 2 * Q) + 0.8, panel_inches + 0.7), dpi=dpi, layout="constrained")
+    cols = 3 if Q > 1 else 1 + 2 * Q  # one row per query: render, relevancy, highlight
+    rows = max(1, Q) if Q > 1 else 1
+    fig = Figure(figsize=(panel_inches * cols + 0.8, panel_inches * rows + 0.5), dpi=dpi, layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(1, 1 + 2 * Q, squeeze=False)[0]
-    axes[0].imshow((rgb.detach().float().cpu().clamp(0, 1)).numpy(), interpolation="nearest")
-    axes[0].set_title("render", fontsize=10)
+    axes = fig.subplots(rows, cols, squeeze=False)
     im = None
-    for q in range(Q):
-        im = axes[1 + 2 * q].imshow(rel[q].numpy(), cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest")
-        axes[1 + 2 * q].set_title(f"'{queries[q]}': relevancy (max {float(rel[q].max()):.2f})", fontsize=9)
-        axes[2 + 2 * q].imshow(highlight(rgb, rel[q], threshold), interpolation="nearest")
+    for q in range(max(Q, 1)):
+        ax_rgb, ax_rel, ax_hi = axes[q] if Q > 1 else (axes[0][0], *(axes[0][1:3] if Q else (None, None)))
+        ax_rgb.imshow(rgb_np, interpolation="nearest")
+        ax_rgb.set_title("render", fontsize=10)
+        if Q == 0:
+            break
+        im = ax_rel.imshow(rel[q].numpy(), cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest")
+        ax_rel.set_title(f"'{queries[q]}': relevancy (max {float(rel[q].max()):.2f})", fontsize=9)
+        ax_hi.imshow(highlight(rgb, rel[q], threshold), interpolation="nearest")
         share = float((rel[q] > threshold).float().mean())
-        axes[2 + 2 * q].set_title(f"'{queries[q]}' > {threshold:.2f} ({100 * share:.1f} % of pixels)", fontsize=9)
-    for ax in axes:
+        ax_hi.set_title(f"'{queries[q]}' > {threshold:.2f} ({100 * share:.1f} % of pixels)", fontsize=9)
+    for ax in axes.reshape(-1):
         ax.set_xticks([])
         ax.set_yticks([])
     if title:
         fig.suptitle(title, fontsize=11)
     if im is not None:
-        bar = fig.colorbar(im, ax=list(axes), fraction=0.02, pad=0.005, aspect=15)
+        bar = fig.colorbar(im, ax=list(axes.reshape(-1)), fraction=0.03, pad=0.01, aspect=25 * rows)
         bar.set_label("relevancy (LERF, absolute 0-1)", fontsize=9)
         bar.ax.axhline(threshold, color="white", linewidth=1.5)
         bar.ax.axhline(threshold, color="black", linewidth=0.6, linestyle="--")

@@ -129,7 +129,7 @@ def test_query_view_export_on_the_run(run, monkeypatch, capsys):
     monkeypatch.chdir(root)
     # rh3dgs query: one result sheet per view
     assert main(["query", str(cfg), "red ball;blue box", "--views", "0", "--output", "queries"]) == 0
-    sheet = np.asarray(Image.open(root / "queries" / "frame_00000_sheet.png"))
+    sheet = np.asarray(Image.open(root / "queries" / "sheets" / "frame_00000.png"))
     assert sheet.shape[1] > 4 * 64 and sheet.std() > 20
     assert (root / "queries" / "red_ball.ply").is_file()
     # rh3dgs view: the page for the run, on this machine only
