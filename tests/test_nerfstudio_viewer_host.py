@@ -4,7 +4,8 @@ nerfstudio's viewer asks viser for ``ViewerConfig.websocket_host``; ``ns-viewer 
 the run's viewer config with its own defaults (0.0.0.0). Building any rh3dgs model installs
 :mod:`rh3dgs.viewer.guard` (:func:`rh3dgs.nerfstudio.viewer.install_viewer_guard`), which binds 127.0.0.1
 unless ``--viewer.websocket-host`` names another address (the guard's own rule: tests/test_viewer_guard.py).
-The real ``ns-viewer --load-config`` on a trained run, without a host flag, is in tests/test_quickstart.py.
+The real ``ns-viewer --load-config`` on a trained run, without a host flag: the slow
+tests/test_nerfstudio_viewer.py::test_ns_viewer_text_query_in_headless_chromium (its ``ss`` check).
 """
 from __future__ import annotations
 
