@@ -28,12 +28,18 @@ names of other modules) is refused before anything is imported: :class:`Nerfstud
 ``"<config.yml>: line L: ..."``, one line naming the file.
 
 Frames: nerfstudio trains in its *normalised* frame (the dataparser re-orients, centres and
-scales the poses; ``dataparser_transforms.json`` in the run folder records it as
-``x_ns = scale * (T @ [x; 1])``). ``frame="data"`` (default) maps the Gaussians back to the
-frame of the dataset's own ``transforms.json`` (means, log-scales, rotations and the
-view-dependent SH coefficients are transformed), so they line up with the cameras that
-:func:`rh3dgs.load_transforms` reads; ``frame="nerfstudio"`` keeps the training frame and
-transforms the cameras instead.
+scales the poses; ``dataparser_transforms.json`` in the run folder records it, with ns-process-data's
+``applied_transform`` folded in: :mod:`rh3dgs.io.frames`). ``frame="data"`` (default) maps the
+Gaussians back to the frame of the dataset's own ``transforms.json`` (means, log-scales, rotations and
+the view-dependent SH coefficients: :func:`rh3dgs.io.frames.transform_gaussians`), so they line up with
+the cameras that :func:`rh3dgs.load_transforms` reads; ``frame="nerfstudio"`` keeps the training frame
+and transforms the cameras instead.
+
+Paths: ``config.yml`` keeps the paths as typed on the ``ns-train`` command line (``--data data/synth``).
+They are resolved once, here, against the folder ``ns-train`` ran in (:func:`training_dir`: found from
+the run folder's place, ``<folder>/<output_dir>/<experiment>/<method>/<timestamp>``), and handed on
+absolute: the dataset's cameras and the teacher spec (``features_dir``, ``checkpoint``, ``cache_dir``)
+name the same files whatever the working directory.
 
 Checkpoints are read with ``torch.load(weights_only=True)`` (what torch >= 2.6 does by
 default; rh3dgs checkpoints hold only tensors and plain containers). A checkpoint that needs
