@@ -73,6 +73,7 @@ setup(
         "scipy",
         "plyfile>=1.0",
         "pillow",
+        "matplotlib",  # result sheets (rh3dgs.viz)
         "geoopt>=0.5",
         "rich",
         "tqdm",

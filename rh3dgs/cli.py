@@ -291,6 +291,7 @@ def cmd_extract(args) -> int:
 
 
 def cmd_lift(args) -> int:
+    from .io.frames import to_data_frame
     from .io.ply import load_ply
     from .io.scene import save_scene
     from .lifting import LiftConfig, lift
@@ -325,6 +326,9 @@ def cmd_lift(args) -> int:
         preflight_lift(len(gaussians), views, h, w, d_teacher, cfg, device=str(gaussians.device))
 
     cams, images = _load_cameras(args, data, check_images=False, preflight=preflight)
+    gaussians, frame = to_data_frame(gaussians, args.scene, cams, data, frame=args.frame, images=images)
+    if frame != "data":
+        print(f"{args.scene}: Gaussians in the {frame} frame, mapped to the dataset's (rh3dgs.io.frames)")
     print(preflight_lift(len(gaussians), len(cams), cams.height, cams.width, d_teacher, cfg,
                          device=str(gaussians.device)).summary())
     maps = _dataset_maps(args, teacher, data, images)
@@ -344,7 +348,7 @@ def cmd_lift(args) -> int:
 def cmd_query(args) -> int:
     from .api import load
     from .io.atomic import atomic_save_png
-    from .viz import colorize, overlay_heatmap
+    from .viz import colorize, highlight, result_sheet
 
     out = check_output_dir(args.output, args.overwrite, scene_inputs(args.scene))
     scene = load(args.scene)
@@ -365,15 +369,18 @@ def cmd_query(args) -> int:
         for q, r in zip(queries, rel):
             with _writing(out):
                 atomic_save_png(out / f"{names[i]}_{_stem(q)}_relevancy.png", colorize(r, vmin=0.0, vmax=1.0))
-                atomic_save_png(out / f"{names[i]}_{_stem(q)}_overlay.png",
-                                overlay_heatmap(rgb, r, threshold=args.threshold))
+                atomic_save_png(out / f"{names[i]}_{_stem(q)}_overlay.png", highlight(rgb, r, threshold=args.threshold))
+        with _writing(out):
+            atomic_save_png(out / "sheets" / f"{names[i]}.png", result_sheet(rgb, rel, queries, args.threshold,
+                                                                             title=names[i]))
     for q in track(queries, description="query: selections"):
         sel = scene.select(q, threshold=args.threshold, negatives=negatives)
         stem = _stem(q)
         with _writing(out / f"{stem}.ply"):
             scene.export_ply(out / f"{stem}.ply", mask=sel)
         print(f"'{q}': {int(sel.sum())} of {len(scene)} Gaussians above {args.threshold} -> {out / (stem + '.ply')}")
-    print(f"relevancy PNGs for {len(queries)} queries x {len(views)} views -> {out}")
+    print(f"relevancy PNGs for {len(queries)} queries x {len(views)} views, one sheet per view "
+          f"(sheets/<view>.png) -> {out}")
     return 0
 
 
@@ -452,6 +459,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     li = sub.add_parser("lift", help="training-free lift of teacher features into a 3DGS PLY")
     li.add_argument("scene", help="3DGS PLY (INRIA layout), in the frame of the dataset's cameras")
+    li.add_argument("--frame", default="auto", choices=["auto", "data", "nerfstudio", "capture"],
+                    help="frame of the PLY (default auto: detected, rh3dgs.io.frames); nerfstudio = ns-export's")
     li.add_argument("--data", required=True, help="dataset folder with transforms.json (and features/)")
     li.add_argument("--output", required=True, help="semantic scene folder to write")
     li.add_argument("--method", default="robust", choices=["robust", "karcher", "euclidean"])

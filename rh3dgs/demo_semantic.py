@@ -27,7 +27,7 @@ from .lifting import LiftConfig, lift
 from .query import CANONICAL_NEGATIVES, THRESHOLD
 from .rendering import fixed_views
 from .teachers import PrecomputedTeacher
-from .viz import overlay_heatmap
+from .viz import highlight, result_sheet
 
 __all__ = ["run", "DEMO_ROWS"]
 
@@ -91,8 +91,9 @@ def run(scene, out: Path, args) -> str:
         rel = api_scene.render_relevancy(i, queries)
         rgb = api_scene.render(i)
         for q, r in zip(queries, rel):
-            atomic_save_png(qdir / f"{train.names[i]}_{q.replace(' ', '_')}.png",
-                            overlay_heatmap(rgb, r, threshold=THRESHOLD))
+            atomic_save_png(qdir / f"{train.names[i]}_{q.replace(' ', '_')}.png", highlight(rgb, r, threshold=THRESHOLD))
+        atomic_save_png(qdir / "sheets" / f"{train.names[i]}.png", result_sheet(rgb, rel[:4], queries[:4], THRESHOLD,
+                                                                            title=f"{train.names[i]}: text queries"))
     sel_lines = []
     for q in queries[:3]:
         sel = api_scene.select(q)

@@ -307,7 +307,7 @@ def test_ns_viewer_text_query_in_headless_chromium(tmp_path):
     port = _free_port()
     log = open(tmp_path / "ns-viewer.log", "w")
     proc = subprocess.Popen([str(VENV_BIN / "ns-viewer"), "--load-config", str(cfg), "--viewer.websocket-port",
-                             str(port), "--viewer.websocket-host", "127.0.0.1"],
+                             str(port)],  # no host flag: the default must be 127.0.0.1 (nerfstudio's is 0.0.0.0)
                             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
     try:
         t0 = time.time()

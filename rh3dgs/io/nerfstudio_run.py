@@ -28,12 +28,18 @@ names of other modules) is refused before anything is imported: :class:`Nerfstud
 ``"<config.yml>: line L: ..."``, one line naming the file.
 
 Frames: nerfstudio trains in its *normalised* frame (the dataparser re-orients, centres and
-scales the poses; ``dataparser_transforms.json`` in the run folder records it as
-``x_ns = scale * (T @ [x; 1])``). ``frame="data"`` (default) maps the Gaussians back to the
-frame of the dataset's own ``transforms.json`` (means, log-scales, rotations and the
-view-dependent SH coefficients are transformed), so they line up with the cameras that
-:func:`rh3dgs.load_transforms` reads; ``frame="nerfstudio"`` keeps the training frame and
-transforms the cameras instead.
+scales the poses; ``dataparser_transforms.json`` in the run folder records it, with ns-process-data's
+``applied_transform`` folded in: :mod:`rh3dgs.io.frames`). ``frame="data"`` (default) maps the
+Gaussians back to the frame of the dataset's own ``transforms.json`` (means, log-scales, rotations and
+the view-dependent SH coefficients: :func:`rh3dgs.io.frames.transform_gaussians`), so they line up with
+the cameras that :func:`rh3dgs.load_transforms` reads; ``frame="nerfstudio"`` keeps the training frame
+and transforms the cameras instead.
+
+Paths: ``config.yml`` keeps the paths as typed on the ``ns-train`` command line (``--data data/synth``).
+They are resolved once, here, against the folder ``ns-train`` ran in (:func:`training_dir`: found from
+the run folder's place, ``<folder>/<output_dir>/<experiment>/<method>/<timestamp>``), and handed on
+absolute: the dataset's cameras and the teacher spec (``features_dir``, ``checkpoint``, ``cache_dir``)
+name the same files whatever the working directory.
 
 Checkpoints are read with ``torch.load(weights_only=True)`` (what torch >= 2.6 does by
 default; rh3dgs checkpoints hold only tensors and plain containers). A checkpoint that needs
@@ -42,11 +48,10 @@ full unpickling (e.g. written by another nerfstudio model) is retried with
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import importlib
-import json
-import math
 import os
 import pathlib
 import pickle
@@ -54,16 +59,17 @@ from pathlib import Path
 from typing import Any, Dict, List, Literal, Optional, Tuple, Union
 
 import torch
-import torch.nn.functional as F
 import yaml
 from torch import Tensor
 
 from ..cameras import Cameras, OPENGL_TO_OPENCV
 from ..errors import Rh3dgsError
 from ..gaussians import Gaussians
+from .frames import (DATAPARSER_TRANSFORMS, Similarity, nerfstudio_to_data, rotate_sh, transform_c2w,
+                     transform_gaussians)
 
 __all__ = ["load_nerfstudio_scene", "export_semantic_ply", "load_run_config", "find_checkpoint",
-           "checkpoints_newest_first", "load_checkpoint", "rotate_sh", "NerfstudioRunError"]
+           "checkpoints_newest_first", "load_checkpoint", "rotate_sh", "training_dir", "NerfstudioRunError"]
 
 PathLike = Union[str, os.PathLike]
 C0 = 0.28209479177387814
@@ -219,77 +225,63 @@ def _model_state(ckpt: Dict[str, Any], path: Path) -> Dict[str, Tensor]:
     return out
 
 
-def _quat_from_rotmat(R: Tensor) -> Tensor:
-    """[3, 3] rotation -> (w, x, y, z) unit quaternion."""
-    R = R.double()
-    m = R
-    t = m.trace()
-    if t > 0:
-        s = math.sqrt(float(t) + 1.0) * 2
-        q = [0.25 * s, (m[2, 1] - m[1, 2]) / s, (m[0, 2] - m[2, 0]) / s, (m[1, 0] - m[0, 1]) / s]
-    elif m[0, 0] > m[1, 1] and m[0, 0] > m[2, 2]:
-        s = math.sqrt(1.0 + float(m[0, 0] - m[1, 1] - m[2, 2])) * 2
-        q = [(m[2, 1] - m[1, 2]) / s, 0.25 * s, (m[0, 1] + m[1, 0]) / s, (m[0, 2] + m[2, 0]) / s]
-    elif m[1, 1] > m[2, 2]:
-        s = math.sqrt(1.0 + float(m[1, 1] - m[0, 0] - m[2, 2])) * 2
-        q = [(m[0, 2] - m[2, 0]) / s, (m[0, 1] + m[1, 0]) / s, 0.25 * s, (m[1, 2] + m[2, 1]) / s]
-    else:
-        s = math.sqrt(1.0 + float(m[2, 2] - m[0, 0] - m[1, 1])) * 2
-        q = [(m[1, 0] - m[0, 1]) / s, (m[0, 2] + m[2, 0]) / s, (m[1, 2] + m[2, 1]) / s, 0.25 * s]
-    q = torch.tensor([float(x) for x in q], dtype=torch.float64)
-    return q / q.norm()
+def training_dir(config_yml: PathLike, config) -> Path:
+    """The folder ``ns-train`` ran in, against which the relative paths of ``config.yml`` are read.
 
-
-def _quat_mul(a: Tensor, b: Tensor) -> Tensor:
-    """Hamilton product a * b, (w, x, y, z); a [4] or [N, 4], b [N, 4]."""
-    aw, ax, ay, az = a.unbind(-1)
-    bw, bx, by, bz = b.unbind(-1)
-    return torch.stack([aw * bw - ax * bx - ay * by - az * bz,
-                        aw * bx + ax * bw + ay * bz - az * by,
-                        aw * by - ax * bz + ay * bw + az * bx,
-                        aw * bz + ax * by - ay * bx + az * bw], -1)
-
-
-def rotate_sh(shN: Tensor, R: Tensor, n_dirs: int = 256) -> Tensor:
-    """Rotate higher SH coefficients [N, K, 3] (gsplat's basis) for a world rotation R [3, 3].
-
-    The new coefficients c' satisfy ``color'(R d) = color(d)`` for every direction d; found per
-    band by least squares on ``n_dirs`` directions (exact: rotations do not mix bands).
+    nerfstudio writes the paths as given on its command line (``--data data/synth``), relative to
+    the working directory of ``ns-train``, and lays the run out as
+    ``<that folder>/<output_dir>/<experiment_name>/<method_name>/<timestamp>/config.yml``. With a
+    relative ``output_dir`` that folder is found from where the run folder is now, so a run and its
+    data moved together, or opened from any working directory, still read; with an absolute
+    ``output_dir`` (or a renamed run folder) it cannot be told, and the working directory is used,
+    as nerfstudio's own ``ns-viewer`` / ``ns-eval`` do.
     """
-    K = shN.shape[1]
-    if K == 0:
-        return shN
-    from ..ops._gsplat import eval_sh_bases
-
-    gen = torch.Generator().manual_seed(0)
-    X = F.normalize(torch.randn(n_dirs, 3, generator=gen, dtype=torch.float64), dim=-1)
-    R = R.double()
-    Y = eval_sh_bases(K + 1, X.float()).double()[:, 1:]  # Y(d)      [M, K]
-    Yr = eval_sh_bases(K + 1, (X @ R.T).float()).double()[:, 1:]  # Y(R d) [M, K]
-    # color'(R d) = Yr c' = Y c  ->  c' = pinv(Yr) Y c
-    M = torch.linalg.lstsq(Yr, Y).solution  # [K, K]
-    return torch.einsum("kj,njc->nkc", M.to(shN.dtype), shN)
-
-
-def _dataparser_transform(run_dir: Path) -> Tuple[Tensor, float]:
-    path = run_dir / "dataparser_transforms.json"
-    if not path.is_file():
-        return torch.eye(4, dtype=torch.float64)[:3], 1.0
+    run = Path(os.path.abspath(config_yml)).parent
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-        return torch.tensor(meta["transform"], dtype=torch.float64).reshape(3, 4), float(meta["scale"])
-    except (OSError, ValueError, RecursionError, KeyError, TypeError, RuntimeError) as exc:
-        raise NerfstudioRunError(f"{path}: not a nerfstudio dataparser transform "
-                                 f"({{'transform': 3x4, 'scale': float}}): {type(exc).__name__}: {exc}") from None
+        out = Path(getattr(config, "output_dir", "outputs"))
+        rel = out / str(config.experiment_name) / str(config.method_name) / str(config.timestamp)
+    except (AttributeError, TypeError):
+        return Path.cwd()
+    n = len(rel.parts)
+    if not out.is_absolute() and ".." not in rel.parts and run.parts[-n:] == rel.parts and len(run.parts) > n:
+        return Path(*run.parts[:-n])
+    return Path.cwd()
 
 
-def _data_dir(config) -> Optional[Path]:
+def _resolve(path, root: Path) -> Optional[Path]:
+    """``path`` (str / Path / None) made absolute against ``root`` (``~`` expanded)."""
+    if path is None or str(path) == "":
+        return None
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else root / p
+
+
+def _data_dir(config, root: Path) -> Optional[Path]:
+    """The dataset folder the run trained on, absolute (relative paths against ``root``: :func:`training_dir`)."""
     dm = config.pipeline.datamanager
     data = getattr(dm, "data", None) or getattr(dm.dataparser, "data", None)
     if data is None:
         return None
-    data = Path(data)
+    data = _resolve(data, root)
     return data.parent if data.suffix == ".json" else data
+
+
+def _teacher_config(config, root: Path):
+    """The datamanager's teacher config with its relative paths (features_dir, checkpoint, cache_dir) made
+    absolute against ``root``, so that the spec built from it names the files the run read."""
+    tcfg = getattr(config.pipeline.datamanager, "teacher", None)
+    if tcfg is None:
+        return None
+    changes = {}
+    for k in ("features_dir", "checkpoint", "cache_dir"):
+        v = getattr(tcfg, k, None)
+        if isinstance(v, (str, os.PathLike)) and str(v) and not Path(v).expanduser().is_absolute():
+            changes[k] = str(_resolve(v, root))
+    if not changes:
+        return tcfg
+    out = copy.copy(tcfg)  # not dataclasses.replace: a config of an older rh3dgs may lack newer fields
+    vars(out).update(changes)
+    return out
 
 
 def load_nerfstudio_scene(
@@ -332,23 +324,23 @@ def load_nerfstudio_scene(
         shN = g["features_dc"].new_zeros(g["features_dc"].shape[0], 0, 3)
     means, scales, quats = g["means"], g["scales"], g["quats"]
 
-    T, scale = _dataparser_transform(config_yml.parent)
-    R, t = T[:, :3], T[:, 3]
+    root = training_dir(config_yml, config)
+    data_dir = _data_dir(config, root)
+    dp = config_yml.parent / DATAPARSER_TRANSFORMS
+    ns_to_data = nerfstudio_to_data(dp, data_dir) if dp.is_file() else Similarity.identity()
+    g_ns = Gaussians(means=means.contiguous(), scales=scales.contiguous(), quats=quats.contiguous(),
+                     opacities=g["opacities"].reshape(-1), sh0=sh0.contiguous(), shN=shN.contiguous(),
+                     latents=g["latents"].contiguous())
     if frame == "data":
-        means = ((means.double() / scale - t) @ R).float()  # R^T (x / s - t)
-        scales = scales - math.log(scale)
-        qRt = _quat_from_rotmat(R.T)
-        quats = _quat_mul(qRt[None].float(), F.normalize(quats, dim=-1))
-        shN = rotate_sh(shN, R.T)
-    elif frame != "nerfstudio":
+        gaussians = transform_gaussians(g_ns, ns_to_data)
+    elif frame == "nerfstudio":
+        gaussians = g_ns
+    else:
         raise NerfstudioRunError(f"frame must be 'data' or 'nerfstudio', got {frame!r}")
-    gaussians = Gaussians(means=means.contiguous(), scales=scales.contiguous(), quats=quats.contiguous(),
-                          opacities=g["opacities"].reshape(-1), sh0=sh0.contiguous(), shN=shN.contiguous(),
-                          latents=g["latents"].contiguous()).to(device)
+    gaussians = gaussians.to(device)
     decoder = state["decoder"].float().to(device)
 
     cameras = None
-    data_dir = _data_dir(config)
     if data_dir is not None and (data_dir / "transforms.json").is_file():
         from .transforms import load_transforms
 
@@ -357,11 +349,7 @@ def load_nerfstudio_scene(
         except Rh3dgsError:
             cameras = None
         if cameras is not None and frame == "nerfstudio":
-            c2w = cameras.c2w_opengl.double()
-            Tm = torch.eye(4, dtype=torch.float64)
-            Tm[:3] = T
-            c2w = Tm @ c2w
-            c2w[:, :3, 3] *= scale
+            c2w = transform_c2w(cameras.c2w_opengl.double(), ns_to_data.inverse())
             viewmats = torch.linalg.inv(c2w @ OPENGL_TO_OPENCV.double()).float()
             cameras = Cameras(viewmats=viewmats, Ks=cameras.Ks, width=cameras.width, height=cameras.height,
                               names=cameras.names)
@@ -369,7 +357,7 @@ def load_nerfstudio_scene(
             cameras = cameras.to(device)
 
     teacher_spec: Dict[str, Any] = {}
-    tcfg = getattr(config.pipeline.datamanager, "teacher", None)
+    tcfg = _teacher_config(config, root)
     if tcfg is not None:
         try:
             teacher_spec = tcfg.spec(data_dir)

@@ -159,6 +159,9 @@ class SplatfactoCPUModel(SplatfactoModel):
         distances clamped above 0 (duplicate seed points would get log(0) scales), the strategy
         on the plain gradient (``absgrad=False``), only ``rasterize_mode='classic'``.
         """
+        from .viewer import install_viewer_guard
+
+        install_viewer_guard()  # every rh3dgs model, semantics off too: nerfstudio's viewer binds 127.0.0.1
         cfg = self.config
         if cfg.rasterize_mode != "classic":
             raise ConfigError("rh3dgs: only rasterize_mode='classic' is supported by the rh3dgs rasterization path")
