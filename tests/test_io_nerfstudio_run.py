@@ -104,3 +104,31 @@ def test_config_as_ns_train_writes_it_reads_back_equal(tmp_path):
     ours = load_run_config(tmp_path / "config.yml")
     assert ours == yaml.load(text, Loader=yaml.Loader) and yaml.dump(ours) == text
     assert type(ours) is type(c) and ours.pipeline.datamanager.data == tmp_path / "data"
+
+
+def test_applied_transform_of_ns_process_data_is_undone(tmp_path):
+    """ns-process-data datasets: nerfstudio saves transform @ applied_transform (COLMAP frame -> its own), while
+    transforms.json's poses already include applied_transform; the map from the transforms.json frame is
+    saved @ inv(applied) (the fox run's Gaussians landed 90 degrees off before: 473 of 14,346 visible)."""
+    import json
+
+    import torch
+
+    from rh3dgs.io.nerfstudio_run import _without_applied_transform
+
+    A = [[0.0, 0.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]]  # a cyclic axis swap, as a 3x4
+    T = torch.tensor([[0.0, -1.0, 0.0, 0.5], [1.0, 0.0, 0.0, -0.25], [0.0, 0.0, 1.0, 2.0]], dtype=torch.float64)
+    (tmp_path / "transforms.json").write_text(json.dumps({"applied_transform": A, "frames": []}))
+    got = _without_applied_transform(T, tmp_path)
+    # by hand: T @ inv(A4); inv of the permutation is its transpose
+    A3 = torch.tensor(A, dtype=torch.float64)[:, :3]
+    torch.testing.assert_close(got[:, :3], T[:, :3] @ A3.T)
+    torch.testing.assert_close(got[:, 3], T[:, 3])
+    x = torch.tensor([0.3, -1.2, 2.5], dtype=torch.float64)  # a point in the transforms.json frame ...
+    x_colmap = A3.T @ x  # ... is inv(A) x in COLMAP's
+    torch.testing.assert_close(got[:, :3] @ x + got[:, 3], T[:, :3] @ x_colmap + T[:, 3])
+    (tmp_path / "transforms.json").write_text(json.dumps({"frames": []}))
+    torch.testing.assert_close(_without_applied_transform(T, tmp_path), T)  # no applied_transform, no colmap/
+    (tmp_path / "colmap" / "sparse" / "0").mkdir(parents=True)  # nerfstudio's legacy value for COLMAP datasets
+    legacy = torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, -1.0]], dtype=torch.float64)
+    torch.testing.assert_close(_without_applied_transform(T, tmp_path)[:, :3], T[:, :3] @ legacy.T)

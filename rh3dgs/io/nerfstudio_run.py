@@ -271,6 +271,33 @@ def rotate_sh(shN: Tensor, R: Tensor, n_dirs: int = 256) -> Tensor:
     return torch.einsum("kj,njc->nkc", M.to(shN.dtype), shN)
 
 
+def _without_applied_transform(T: Tensor, data_dir: Optional[Path]) -> Tensor:
+    """The map from the dataset's ``transforms.json`` frame to nerfstudio's: ``T`` [3, 4] of
+    ``dataparser_transforms.json`` composed with the inverse of the dataset's ``applied_transform``.
+
+    nerfstudio saves ``transform @ applied_transform`` (it maps COLMAP's original frame, not the
+    transforms.json frame, to its own) when ``transforms.json`` has an ``applied_transform`` (written by
+    ``ns-process-data``) or, without one, when ``colmap/sparse/0`` exists (its legacy value); the poses in
+    ``transforms.json`` already include it.
+    """
+    if data_dir is None or not (data_dir / "transforms.json").is_file():
+        return T
+    try:
+        meta = json.loads((data_dir / "transforms.json").read_text())
+    except (OSError, ValueError):
+        return T
+    A = meta.get("applied_transform") if isinstance(meta, dict) else None
+    if A is None and (data_dir / "colmap" / "sparse" / "0").exists():
+        A = [[0, 1, 0, 0], [1, 0, 0, 0], [0, 0, -1, 0]]
+    if A is None:
+        return T
+    A4 = torch.eye(4, dtype=torch.float64)
+    A4[:3] = torch.tensor(A, dtype=torch.float64).reshape(3, 4)
+    T4 = torch.eye(4, dtype=torch.float64)
+    T4[:3] = T.double()
+    return (T4 @ torch.linalg.inv(A4))[:3].to(T.dtype)
+
+
 def _dataparser_transform(run_dir: Path) -> Tuple[Tensor, float]:
     path = run_dir / "dataparser_transforms.json"
     if not path.is_file():
@@ -333,6 +360,7 @@ def load_nerfstudio_scene(
     means, scales, quats = g["means"], g["scales"], g["quats"]
 
     T, scale = _dataparser_transform(config_yml.parent)
+    T = _without_applied_transform(T, _data_dir(config))
     R, t = T[:, :3], T[:, 3]
     if frame == "data":
         means = ((means.double() / scale - t) @ R).float()  # R^T (x / s - t)
