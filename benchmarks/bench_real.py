@@ -177,12 +177,8 @@ def measure(g, up, width: int, height: int) -> Dict:
             "frames_ms": [1000 * t for t in rgb]}
 
 
-def main() -> Dict:
-    root = realdata_dir()
-    if root is None:
-        reason = "skipped: shared/realdata not found (set RH3DGS_REALDATA); the real splats are not redistributable"
-        print(reason)
-        return {"skipped": reason}
+def splats_part(root: Path) -> Tuple[Dict, str]:
+    """The real splats' render times: (payload, Markdown section)."""
     load = os.getloadavg()[0]
     runs, notes = [], []
     with tempfile.TemporaryDirectory(prefix="rh3dgs-real-") as work:
@@ -214,7 +210,7 @@ def main() -> Dict:
         for r in runs)
     stage_names = list(runs[0]["stages_ms"]) if runs else []
     threads = torch.get_num_threads()
-    md = (f"# real splats: CPU render time\n\n{threads} torch threads, {os.cpu_count()} CPUs, 1-min load average "
+    md = (f"## real splats: CPU render time\n\n{threads} torch threads, {os.cpu_count()} CPUs, 1-min load average "
           f"{load:.1f} at the start, {load_end:.1f} at the end (the machine is shared: wall times grow with it). "
           f"{VIEWS} orbit views around the median centre, {ROUNDS} interleaved rounds; frame = `rh3dgs.render` "
           "(RGB), median; stages timed alone on view 0. Composited = (Gaussian, pixel) pairs the compositing "
@@ -232,8 +228,313 @@ def main() -> Dict:
     payload = {"runs": runs, "notes": notes, "target_fps": TARGET_FPS, "target_met": met,
                "target_met_ideal": biker is not None and biker["ideal_fps"] >= TARGET_FPS, "load_average_start": load,
                "load_average_end": load_end, "peak_rss_mb": peak_rss_mb(), "machine": machine()}
-    return write_results("real", payload, md)
+    return payload, md
+
+
+# ====================================================================== the fox user path (issue 20.2 / 20.3)
+FOX_DOWNSCALE = int(os.environ.get("RH3DGS_BENCH_FOX_DOWNSCALE", "4"))  # 1080x1920 -> 270x480
+FOX_TRAIN_DOWNSCALE = int(os.environ.get("RH3DGS_BENCH_FOX_TRAIN_DOWNSCALE", "2"))  # images_2: 135x240
+FOX_ITERS = int(os.environ.get("RH3DGS_BENCH_FOX_ITERS", "200"))
+FOX_QUERIES = ("fox", "wallpaper")
+PSNR_TOLERANCE_DB = 0.5
+
+# Runs one console script (ns-train, rh3dgs...) in this interpreter and writes its peak RSS at exit:
+# VmHWM of the process itself (ru_maxrss would carry the benchmark's peak over vfork + exec) and the
+# largest ru_maxrss of its waited-for children (COLMAP under ns-process-data; their figure can only
+# carry the stage's own peak, never the benchmark's).
+_STAGE = r"""
+import atexit, json, resource, sys
+from importlib.metadata import entry_points
+out, name = sys.argv[1], sys.argv[2]
+def _peak():
+    with open("/proc/self/status") as f:
+        own = next(int(l.split()[1]) for l in f if l.startswith("VmHWM")) / 1024.0
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0
+    with open(out, "w") as f:
+        json.dump({"own_mb": own, "children_mb": kids}, f)
+atexit.register(_peak)
+ep = next(e for e in entry_points(group="console_scripts") if e.name == name)
+sys.argv = [name, *sys.argv[3:]]
+sys.exit(ep.load()())
+"""
+
+
+def run_stage(work: Path, label: str, script: str, *args: str) -> Dict:
+    """``script args`` (a console script) in a fresh interpreter: wall time, CPU time (its process tree),
+    peak RSS (VmHWM, children included), exit status; its output goes to ``work/logs/<label>.log``."""
+    import json as _json
+    import resource
+    import time
+
+    logs = work / "logs"
+    logs.mkdir(exist_ok=True)
+    rss_file = logs / f"{label}.rss.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    with open(logs / f"{label}.log", "w") as log:
+        rc = subprocess.run([sys.executable, "-c", _STAGE, str(rss_file), script, *args], cwd=work, env=env,
+                            stdout=log, stderr=subprocess.STDOUT).returncode
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    rss = _json.loads(rss_file.read_text()) if rss_file.is_file() else {}
+    cmd = " ".join([script, *(a if " " not in a and ";" not in a else repr(a) for a in args)])
+    rec = {"stage": label, "command": cmd, "rc": rc, "wall_s": wall,
+           "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+           "peak_rss_mb": max(rss.get("own_mb", float("nan")), rss.get("children_mb", 0.0)) if rss else float("nan"),
+           "log_tail": (logs / f"{label}.log").read_text(errors="replace").strip().splitlines()[-3:]}
+    print(f"[fox] {label}: rc {rc}, {wall:.0f} s wall, {rec['cpu_s']:.0f} s CPU, {rec['peak_rss_mb']:.0f} MB", flush=True)
+    return rec
+
+
+def _eval_split(names):
+    """nerfstudio's held-out frames (train_split_fraction 0.9 of the sorted file names)."""
+    from nerfstudio.data.utils.dataparsers_utils import get_train_eval_split_fraction
+
+    names = sorted(names)
+    _, i_eval = get_train_eval_split_fraction(names, 0.9)
+    return [names[i] for i in i_eval]
+
+
+def _independent_ply_count(path: Path) -> Dict:
+    """Open a PLY with plyfile (not rh3dgs's reader): vertex count, property names, all finite."""
+    import numpy as np
+    import plyfile
+
+    v = plyfile.PlyData.read(str(path))["vertex"].data
+    names = list(v.dtype.names)
+    finite = all(bool(np.isfinite(v[n].astype(np.float64)).all()) for n in names)
+    return {"file": path.name, "vertices": int(len(v)), "properties": len(names), "finite": finite,
+            "sem_columns": sum(n.startswith("sem_") for n in names)}
+
+
+def _fox_sheet(work: Path, scene_dir: Path, configs: Dict[str, Path], out_png: Path) -> Dict:
+    """PNG sheet on nerfstudio's held-out frames: photo (undistorted), render of the lifted rh3dgs-lite scene,
+    relevancy of each query; PSNR of the render against the photo. (The baseline run has no semantic field:
+    rh3dgs.load refuses it; its PSNR is ns-eval's, in the table.)"""
+    import numpy as np
+    from PIL import Image
+
+    import rh3dgs
+
+    def psnr(a, b):
+        return float(-10 * np.log10(np.mean((a - b) ** 2)))
+
+    scene = rh3dgs.load(scene_dir)
+    names = list(scene.cameras.names)
+    held = [n for n in _eval_split(names)][:3]
+    rows, psnrs = [], {"rh3dgs-lite": []}
+    for n in held:
+        cam = scene.cameras[names.index(n)]
+        photo = next((work / "xcache" / "images").rglob(f"{n}.png"))  # the undistorted copy the lift read
+        gt = np.asarray(Image.open(photo).convert("RGB"), dtype=np.float32) / 255
+        lite = scene.render(cam).clamp(0, 1).numpy()
+        psnrs["rh3dgs-lite"].append(psnr(lite, gt))
+        rel = scene.render_relevancy(cam, list(FOX_QUERIES)).numpy()  # [Q, H, W]
+        heat = [np.stack([r, np.zeros_like(r), 1 - r], -1) * 0.6 + gt * 0.4 for r in rel]
+        rows.append(np.concatenate([gt, lite, *heat], axis=1))
+    sheet = (np.concatenate(rows, axis=0) * 255 + 0.5).clip(0, 255).astype(np.uint8)
+    from rh3dgs.io.atomic import atomic_save_png
+
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    atomic_save_png(out_png, sheet)
+    return {"frames": held, "columns": ["photo (undistorted)", "rh3dgs-lite (lifted scene)",
+                                        *[f"relevancy '{q}' (red = 1)" for q in FOX_QUERIES]],
+            "psnr_sheet": {k: statistics.mean(v) for k, v in psnrs.items()}, "png": out_png.name}
+
+
+def _fox_render(scene_dir: Path) -> list:
+    """Render figures of the trained fox Gaussians: dataset resolution (its first camera) and 1280x720."""
+    import rh3dgs
+    from rh3dgs import Cameras
+
+    scene = rh3dgs.load(scene_dir)
+    g, cam = scene.gaussians, scene.cameras[0]
+    out = []
+    for W, H in ((int(cam.width), int(cam.height)), (1280, 720)):
+        K = cam.Ks.clone()
+        s = H / float(cam.height)  # same vertical field of view, square pixels
+        K[:, 0, 0] *= s
+        K[:, 1, 1] *= s
+        K[:, 0, 2], K[:, 1, 2] = W / 2, H / 2
+        c = Cameras(cam.viewmats, K, W, H)
+        with torch.no_grad():
+            frame = timeit(lambda: rh3dgs.render(g, c), repeats=3)["median_s"]
+            from rh3dgs.rendering import project
+
+            proj = project(g, c)
+        out.append({"size": f"{W}x{H}", "gaussians": len(g), "visible": int((proj.radii > 0).sum()),
+                    "isects_per_pixel": proj.flatten_ids.numel() / (W * H),
+                    "composited_per_pixel": composited_per_pixel(proj, W, H)["mean"], "frame_ms": 1000 * frame})
+    return out
+
+
+def fox_part(root: Path, keep: Optional[Path] = None) -> Tuple[Dict, str]:
+    """The user path on ``realdata/fox`` on CPU: ns-process-data (COLMAP) -> ns-train rh3dgs-lite and the
+    splatfacto baseline (same preset, semantics off: splatfacto on rh3dgs's rasterizer) -> ns-eval ->
+    rh3dgs export / extract / lift / query / select / export -> ns-export gaussian-splat; a PNG sheet."""
+    import json as _json
+
+    import numpy as np
+    from PIL import Image
+
+    fox = root / "fox"
+    load = os.getloadavg()[0]
+    work = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="rh3dgs-fox-"))
+    work.mkdir(parents=True, exist_ok=True)
+    stages = []
+    # 0. a downscaled copy of the photos in the work folder (the data itself is never edited or copied
+    # into the repository): COLMAP's SIFT at 2 MP takes most of an hour on 2 shared cores
+    import time
+
+    t = time.perf_counter()
+    (work / "images").mkdir(exist_ok=True)
+    photos = sorted((fox / "images").glob("*.jpg"))
+    for p in photos:
+        with Image.open(p) as im:
+            im.reduce(FOX_DOWNSCALE).save(work / "images" / p.name, quality=95)
+    with Image.open(work / "images" / photos[0].name) as im:
+        size = im.size
+    stages.append({"stage": "downscale copy", "command": f"PIL Image.reduce({FOX_DOWNSCALE}) of {len(photos)} photos",
+                   "rc": 0, "wall_s": time.perf_counter() - t, "cpu_s": float("nan"), "peak_rss_mb": float("nan")})
+    done_file = work / "stages.json"  # with RH3DGS_BENCH_FOX_KEEP: a rerun reuses the stages that succeeded
+    done = {r["stage"]: r for r in _json.loads(done_file.read_text())} if keep and done_file.is_file() else {}
+
+    def S(label: str, *a: str) -> Dict:
+        rec = done.get(label)
+        if rec is None or rec["rc"] != 0:
+            rec = done[label] = run_stage(work, label, *a)
+            if keep:
+                from rh3dgs.io.atomic import atomic_save_json
+
+                atomic_save_json(done_file, list(done.values()))
+        stages.append(rec)
+        return rec
+
+    S("ns-process-data (COLMAP)", "ns-process-data", "images", "--data", "images", "--output-dir", "ns", "--no-gpu",
+      "--matching-method", "exhaustive", "--num-downscales", str(int(math.log2(FOX_TRAIN_DOWNSCALE))))
+    seed = _independent_ply_count(work / "ns" / "sparse_pc.ply") if (work / "ns" / "sparse_pc.ply").is_file() else {}
+    frames = len(_json.loads((work / "ns" / "transforms.json").read_text())["frames"]) \
+        if (work / "ns" / "transforms.json").is_file() else 0
+    common = ["--machine.device-type", "cpu", "--vis", "tensorboard", "--output-dir", "out", "--experiment-name", "fox",
+              "--max-num-iterations", str(FOX_ITERS), "--viewer.quit-on-train-completion", "True",
+              "--pipeline.datamanager.teacher.name", "tiny-clip", "--pipeline.datamanager.teacher-cache-dir", "cache"]
+    configs = {"rh3dgs-lite": work / "out/fox/rh3dgs-lite/lite/config.yml",
+               "baseline": work / "out/fox/rh3dgs-lite/baseline/config.yml"}
+    parser = ["nerfstudio-data", "--downscale-factor", str(FOX_TRAIN_DOWNSCALE)]  # images_N, the nerfstudio way
+    ds = ["--downscale", str(FOX_TRAIN_DOWNSCALE)]
+    S("ns-train rh3dgs-lite", "ns-train", "rh3dgs-lite", *common, "--timestamp", "lite", "--data", "ns", *parser)
+    S("ns-train baseline", "ns-train", "rh3dgs-lite", *common, "--timestamp", "baseline",
+      "--pipeline.model.semantics", "False", "--data", "ns", *parser)
+    evals = {}
+    for name, cfg in configs.items():
+        S(f"ns-eval {name}", "ns-eval", "--load-config", str(cfg), "--output-path", f"eval_{name}.json")
+        f = work / f"eval_{name}.json"
+        evals[name] = _json.loads(f.read_text())["results"] if f.is_file() else {}
+    S("rh3dgs export (ns run)", "rh3dgs", "export", str(configs["rh3dgs-lite"]), "--output", "fox_lite.ply")
+    S("rh3dgs extract", "rh3dgs", "extract", "--data", "ns", "--teacher", "tiny-clip", "--cache", "xcache", *ds)
+    S("rh3dgs lift", "rh3dgs", "lift", "fox_lite.ply", "--data", "ns", "--teacher", "tiny-clip", "--cache", "xcache",
+      *ds, "--output", "scene")
+    S("rh3dgs query", "rh3dgs", "query", "scene", ";".join(FOX_QUERIES), "--views", "0", "--output", "query")
+    S("rh3dgs select", "rh3dgs", "select", "scene", FOX_QUERIES[0], "--output", "fox_selected.ply")
+    S("rh3dgs export (scene)", "rh3dgs", "export", "scene", "--output", "scene.ply")
+    S("ns-export gaussian-splat", "ns-export", "gaussian-splat", "--load-config", str(configs["rh3dgs-lite"]),
+      "--output-dir", "nsexport")
+    plys = [_independent_ply_count(p) for p in (work / "fox_lite.ply", work / "scene.ply", work / "fox_selected.ply",
+                                                work / "nsexport" / "splat.ply") if p.is_file()]
+    sheet, render_runs = {}, []
+    if (work / "scene" / "rh3dgs.json").is_file():
+        sheet = _fox_sheet(work, work / "scene", configs, REPO / "benchmarks" / "results" / "real_fox.png")
+        render_runs = _fox_render(work / "scene")
+    p_lite, p_base = (evals.get(k, {}).get("psnr", float("nan")) for k in ("rh3dgs-lite", "baseline"))
+    payload = {"downscale": FOX_DOWNSCALE, "train_downscale": FOX_TRAIN_DOWNSCALE, "image_size": list(size), "photos": len(photos), "iterations": FOX_ITERS,
+               "frames_registered": frames, "seed_points": seed.get("vertices", 0), "stages": stages,
+               "eval": evals, "psnr_gap_db": p_lite - p_base,
+               "psnr_accepted": bool(p_lite >= p_base - PSNR_TOLERANCE_DB), "plys": plys, "sheet": sheet,
+               "render": render_runs, "load_average_start": load, "load_average_end": os.getloadavg()[0],
+               "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "1"), "work": str(work) if keep else None}
+    if not keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return payload, fox_markdown(payload)
+
+
+def fox_markdown(p: Dict) -> str:
+    f = lambda v, d=0: "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:,.{d}f}"  # noqa: E731
+    W, H = p["image_size"]
+    lines = [
+        "## the fox user path on CPU (realdata/fox)", "",
+        f"{p['photos']} photos downscaled {p['downscale']}x to {W}x{H} (a copy in a temp folder; COLMAP runs on "
+        f"these), trained and lifted at 1/{p.get('train_downscale', 1)} of that (`images_{p.get('train_downscale', 1)}`, "
+        "`nerfstudio-data --downscale-factor`, `rh3dgs --downscale`), "
+        f"`ns-process-data images` (COLMAP, CPU, exhaustive matching): {p['frames_registered']} frames registered, "
+        f"{f(p['seed_points'])} SfM seed points. Both trainings: the `rh3dgs-lite` preset capped at "
+        f"{p['iterations']} iterations, same data, same seed points, same run; baseline = the same preset with "
+        "`--pipeline.model.semantics False` (splatfacto's model, losses and densification on rh3dgs's CPU "
+        "rasterizer: nerfstudio's own splatfacto cannot run on a CPU). Teacher: `tiny-clip` (random-initialised "
+        f"open_clip, no weights on this machine). OMP_NUM_THREADS={p['omp_num_threads']}; 1-min load average "
+        f"{p['load_average_start']:.1f} at the start, {p['load_average_end']:.1f} at the end (2 cores shared with "
+        "other engineers: wall times grow with the load, CPU times less). Peak RSS = VmHWM of the stage's "
+        "process (its children, e.g. COLMAP, included).", "",
+        "| stage | command | wall (s) | CPU (s) | peak RSS (MB) | status |", "|---|---|---|---|---|---|"]
+    for s in p["stages"]:
+        lines.append(f"| {s['stage']} | `{s['command']}` | {f(s['wall_s'])} | {f(s['cpu_s'])} | {f(s['peak_rss_mb'])} "
+                     f"| {'ok' if s['rc'] == 0 else 'rc ' + str(s['rc'])} |")
+    lines += ["", "Held-out frames (nerfstudio's split: 10 %, `ns-eval`):", "",
+              "| method | PSNR (dB) | SSIM | Gaussians |", "|---|---|---|---|"]
+    for k, e in p["eval"].items():
+        lines.append(f"| {k} | {f(e.get('psnr'), 2)} | {f(e.get('ssim'), 3)} | {f(e.get('num_gaussians'))} |")
+    gap = p["psnr_gap_db"]
+    lines += ["", f"PSNR of rh3dgs-lite - baseline: **{f(gap, 2)} dB**; acceptance (within {PSNR_TOLERANCE_DB} dB of "
+              f"the baseline): **{'met' if p['psnr_accepted'] else 'NOT met'}** at {p['iterations']} iterations.", ""]
+    if p["plys"]:
+        lines += ["PLYs opened by an independent reader (plyfile):", "", "| file | vertices | properties | sem_* | finite |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {q['file']} | {q['vertices']:,} | {q['properties']} | {q['sem_columns']} | {q['finite']} |"
+                  for q in p["plys"]]
+        lines.append("")
+    if p["render"]:
+        lines += ["Render of the lifted fox scene (`rh3dgs.render`, RGB, median of 3):", "",
+                  "| size | Gaussians (visible) | tile isects / pixel | composited / pixel | frame (ms) |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {r['size']} | {r['gaussians']:,} ({r['visible']:,}) | {r['isects_per_pixel']:.2f} | "
+                  f"{r['composited_per_pixel']:.1f} | {r['frame_ms']:.0f} |" for r in p["render"]]
+        lines.append("")
+    if p["sheet"]:
+        s = p["sheet"]
+        lines += [f"![fox sheet]({s['png']}) `{s['png']}`: held-out frames {', '.join(s['frames'])}; columns: "
+                  + ", ".join(s["columns"]) + "; PSNR on these frames: "
+                  + ", ".join(f"{k} {v:.2f} dB" for k, v in s["psnr_sheet"].items()) + ".", ""]
+    return "\n".join(lines)
+
+
+def main(parts: Tuple[str, ...] = ("splats", "fox")) -> Dict:
+    """Run ``parts`` and write results/real.{json,md}; a part not run keeps its previous results."""
+    import json as _json
+
+    root = realdata_dir()
+    if root is None:
+        reason = "skipped: shared/realdata not found (set RH3DGS_REALDATA); the real data is not redistributable"
+        print(reason)
+        return {"skipped": reason}
+    old_file = REPO / "benchmarks" / "results" / "real.json"
+    old = _json.loads(old_file.read_text()) if old_file.is_file() else {}
+    if old and "splats" not in old and "runs" in old:  # the splats-only layout before the fox part
+        md_file = old_file.with_suffix(".md")
+        old = {"splats": {**old, "markdown": md_file.read_text().replace("# real splats", "## real splats", 1)
+                          if md_file.is_file() else ""}}
+    payload = {k: v for k, v in old.items() if k in ("splats", "fox")}
+    keep = os.environ.get("RH3DGS_BENCH_FOX_KEEP")
+    for part in parts:
+        res, md = splats_part(root) if part == "splats" else fox_part(root, Path(keep) if keep else None)
+        payload[part] = {**res, "markdown": md}
+    md = "# real data on CPU\n\n" + "\n".join(payload[k]["markdown"] for k in ("fox", "splats") if k in payload)
+    return write_results("real", {**payload, "machine": machine()}, md)
 
 
 if __name__ == "__main__":
-    main()
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("parts", nargs="*", choices=["splats", "fox"], default=["splats", "fox"])
+    main(tuple(ap.parse_args().parts))

@@ -216,7 +216,11 @@ def _cache_dir(args, data: Path, image_paths) -> Path:
     from .teachers import default_cache_dir
 
     cache = Path(args.cache) if args.cache else default_cache_dir(data)
-    check_not_input(cache, [_transforms_file(data), *image_paths], what="feature cache")
+    # undistorted / downscaled copies live in the cache's images/ folder (_load_cameras): the cache's own
+    # products, not the user's inputs (their sources are outside it, or the check below names them)
+    derived = (cache / "images").resolve()
+    sources = [p for p in image_paths if not Path(p).resolve().is_relative_to(derived)]
+    check_not_input(cache, [_transforms_file(data), *sources], what="feature cache")
     return cache
 
 

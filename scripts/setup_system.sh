@@ -9,6 +9,9 @@
 #   test   headless chromium, node + npm, and the browser driver: tests/browser/node_modules
 #          installed from tests/browser/package-lock.json (`npm ci`, only when node_modules is
 #          missing or was installed from another version of the lock file)   (make test)
+#   colmap COLMAP and ffmpeg, which `ns-process-data images` calls for SfM poses and seed points,
+#          and libusb (open3d, imported by `ns-export`): the real-data benchmark's fox path
+#          (benchmarks/bench_real.py, part of `make bench`)
 #
 # System packages come from apt-get (Debian / Ubuntu): run directly as root, through sudo
 # otherwise (sudo asks for the password on a terminal). Where neither works (not root and no
@@ -26,9 +29,9 @@ GROUPS_WANTED=()
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY_RUN=1 ;;
-    build | test) GROUPS_WANTED+=("$arg") ;;
-    -h | --help) sed -n '2,20s/^# \{0,1\}//p' "$0"; exit 0 ;;
-    *) echo "scripts/setup_system.sh: unknown argument '$arg' (groups: build, test; --dry-run)" >&2; exit 2 ;;
+    build | test | colmap) GROUPS_WANTED+=("$arg") ;;
+    -h | --help) sed -n '2,22s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    *) echo "scripts/setup_system.sh: unknown argument '$arg' (groups: build, test, colmap; --dry-run)" >&2; exit 2 ;;
   esac
 done
 [ ${#GROUPS_WANTED[@]} -gt 0 ] || GROUPS_WANTED=(build test)
@@ -60,6 +63,11 @@ NEEDS_test=(
   "chromium|headless browser of the browser tests|chromium_path"
   "nodejs|node, runs the browser driver (playwright-core)|command -v node"
   "npm|installs the browser driver from tests/browser/package-lock.json|command -v npm"
+)
+NEEDS_colmap=(
+  "colmap|structure from motion, run by ns-process-data images (poses + seed points)|command -v colmap"
+  "ffmpeg|image copies and downscales of ns-process-data images|command -v ffmpeg"
+  "libusb-1.0-0|libusb-1.0.so.0, needed to import open3d (ns-export)|\"\$PYTHON\" -c 'import ctypes; ctypes.CDLL(\"libusb-1.0.so.0\")'"
 )
 
 # missing_needs: "package|purpose" of each need of the wanted groups whose check fails

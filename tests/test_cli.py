@@ -53,6 +53,31 @@ def test_extract_with_tiny_clip_hits_the_cache(dataset, capsys):
     assert "20 feature maps (0 computed, 20 reused)" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("cache", [None, "elsewhere"])
+def test_extract_on_undistorted_copies(dataset, tmp_path, capsys, cache):
+    """Distorted photos are undistorted into the cache's images/ folder first: those copies are the cache's own
+    products, not inputs it would overwrite (rh3dgs extract refused every distorted dataset before)."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(dataset / "data" / "images", data / "images")
+    meta = json.loads((dataset / "data" / "transforms.json").read_text())
+    meta.pop("ply_file_path", None)
+    meta.update(k1=0.02, k2=-0.01, p1=0.001, p2=0.0005)  # instant-ngp style: no camera_model key
+    meta["frames"] = meta["frames"][:4]
+    (data / "transforms.json").write_text(json.dumps(meta))
+    args = ["extract", "--data", str(data), "--teacher", "tiny-clip"]
+    where = data / ".rh3dgs_cache" if cache is None else tmp_path / cache
+    if cache is not None:
+        args += ["--cache", str(where)]
+    assert main(args) == 0
+    assert "4 feature maps (4 computed, 0 reused)" in capsys.readouterr().out
+    assert len(list((where / "images").rglob("*.png"))) == 4  # the undistorted copies
+    # the cache still never holds the user's own files
+    assert main(["extract", "--data", str(data), "--teacher", "tiny-clip", "--cache", str(data)]) == 2
+    assert "contains the input" in capsys.readouterr().err
+
+
 def test_lift_query_select_export(dataset, tmp_path, capsys):
     data = dataset / "data"
     from rh3dgs.data.teacher_sim import simulate_teacher

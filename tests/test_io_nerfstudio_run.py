@@ -104,3 +104,32 @@ def test_config_as_ns_train_writes_it_reads_back_equal(tmp_path):
     ours = load_run_config(tmp_path / "config.yml")
     assert ours == yaml.load(text, Loader=yaml.Loader) and yaml.dump(ours) == text
     assert type(ours) is type(c) and ours.pipeline.datamanager.data == tmp_path / "data"
+
+
+def test_applied_transform_of_ns_process_data_is_undone(tmp_path):
+    """ns-process-data datasets: nerfstudio saves transform @ applied_transform (COLMAP frame -> its own), while
+    transforms.json's poses already include applied_transform; the map from nerfstudio's frame to the
+    transforms.json frame is A (s T)^-1 (the fox run's Gaussians landed 90 degrees off before: 473 of 14,346
+    visible)."""
+    import json
+
+    import torch
+
+    from rh3dgs.io.frames import applied_transform, nerfstudio_to_data
+
+    A = [[0.0, 0.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]]  # a cyclic axis swap, as a 3x4
+    T = [[0.0, -1.0, 0.0, 0.5], [1.0, 0.0, 0.0, -0.25], [0.0, 0.0, 1.0, 2.0]]
+    (tmp_path / "transforms.json").write_text(json.dumps({"applied_transform": A, "frames": []}))
+    (tmp_path / "dp.json").write_text(json.dumps({"transform": T, "scale": 0.5}))
+    A3, T3 = torch.tensor(A, dtype=torch.float64), torch.tensor(T, dtype=torch.float64)
+    x_capture = torch.tensor([0.3, -1.2, 2.5], dtype=torch.float64)  # a COLMAP point ...
+    x_data = A3[:, :3] @ x_capture + A3[:, 3]  # ... in transforms.json's frame (by hand)
+    x_ns = 0.5 * (T3[:, :3] @ x_capture + T3[:, 3])  # ... and in nerfstudio's (by hand)
+    m = nerfstudio_to_data(tmp_path / "dp.json", tmp_path)
+    torch.testing.assert_close((m.s * (m.R.double() @ x_ns) + m.t.double()), x_data, atol=1e-6, rtol=0)
+    (tmp_path / "transforms.json").write_text(json.dumps({"frames": []}))
+    torch.testing.assert_close(applied_transform(tmp_path).R.double(), torch.eye(3, dtype=torch.float64))
+    (tmp_path / "colmap" / "sparse" / "0").mkdir(parents=True)  # nerfstudio's legacy value for COLMAP datasets
+    legacy = torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, -1.0]], dtype=torch.float64)
+    torch.testing.assert_close(applied_transform(tmp_path).R.double(), legacy)
+

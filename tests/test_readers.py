@@ -236,3 +236,68 @@ def test_nearest_gaussian_transfer():
     labels = np.array([1, 2, -1, 3])
     np.testing.assert_array_equal(transfer_labels_to_gaussians(pts, labels, means), [1, 2, 2])  # (5,0,0) is ignored
     np.testing.assert_array_equal(transfer_labels_to_gaussians(pts, labels, means, max_distance=0.5), [1, 2, -1])
+
+
+# ----------------------------------------------------------------------------- LERF-Mask + COLMAP
+def _write_lerf_mask(root, views=("0",), model="PINHOLE", params="20 22 8 6"):
+    """3 images, frame_00002 the only one not in images_train; COLMAP text model; 8-bit masks per view."""
+    from rh3dgs.data.readers import load_lerf_mask  # noqa: F401  (import check)
+
+    for d in ("images", "images_train", "sparse/0"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    for i in (1, 2, 3):
+        Image.new("RGB", (16, 12)).save(root / "images" / f"frame_{i:05d}.jpg")
+        if i != 2:
+            Image.new("RGB", (16, 12)).save(root / "images_train" / f"frame_{i:05d}.jpg")
+    (root / "sparse/0/cameras.txt").write_text(f"# Camera list\n1 {model} 16 12 {params}\n")
+    c, s = np.cos(np.pi / 4), np.sin(np.pi / 4)  # 90 degrees about z
+    (root / "sparse/0/images.txt").write_text(
+        "# Image list\n"
+        f"1 1 0 0 0 0 0 0 1 frame_00001.jpg\n\n"
+        f"2 {c} 0 0 {s} 1 2 3 1 frame_00002.jpg\n\n"
+        f"3 1 0 0 0 0 0 1 1 frame_00003.jpg\n\n")
+    for v in views:
+        (root / "test_mask" / v).mkdir(parents=True)
+        m = np.zeros((12, 16), np.uint8)
+        m[2:5, 3:9] = 255
+        Image.fromarray(m).save(root / "test_mask" / v / "red apple.png")
+        Image.fromarray(255 - m).save(root / "test_mask" / v / "table.png")
+
+
+def test_lerf_mask_views_masks_and_colmap_cameras(tmp_path):
+    from rh3dgs.data.readers import load_lerf_mask, read_colmap_cameras
+
+    _write_lerf_mask(tmp_path, views=("0", "frame_00003"))
+    ds = load_lerf_mask(tmp_path)
+    # view "0" is the first test image (images/ minus images_train/, by name); a folder may name its image
+    assert [(v.name, v.image) for v in ds.views] == [("0", "frame_00002"), ("frame_00003", "frame_00003")]
+    assert ds.prompts == ["red apple", "table"]
+    m = ds.views[0].masks["red apple"]
+    assert m.dtype == np.uint8 and m.shape == (12, 16) and int((m > 128).sum()) == 18
+    cams = ds.cameras
+    assert cams.names == ["frame_00002", "frame_00003"] and (cams.width, cams.height) == (16, 12)
+    R = torch.tensor([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])  # qvec (cos 45, 0, 0, sin 45)
+    torch.testing.assert_close(cams.viewmats[0, :3, :3], R, atol=1e-6, rtol=0)
+    torch.testing.assert_close(cams.viewmats[0, :3, 3], torch.tensor([1.0, 2.0, 3.0]))
+    torch.testing.assert_close(cams.Ks[0], torch.tensor([[20.0, 0, 8], [0, 22, 6], [0, 0, 1]]))
+    allc = read_colmap_cameras(tmp_path / "sparse/0")
+    assert allc.names == ["frame_00001", "frame_00002", "frame_00003"]
+    torch.testing.assert_close(allc.centers[2], torch.tensor([0.0, 0.0, -1.0]))
+
+
+def test_lerf_mask_errors_name_the_file(tmp_path):
+    from rh3dgs.data.readers import LerfMaskFormatError, load_lerf_mask
+
+    with pytest.raises(LerfMaskFormatError, match="test_mask.*folder not found"):
+        load_lerf_mask(tmp_path)
+    _write_lerf_mask(tmp_path / "a", views=("3",))
+    with pytest.raises(LerfMaskFormatError, match="test view 3 but only 1 test images"):
+        load_lerf_mask(tmp_path / "a")
+    _write_lerf_mask(tmp_path / "b", model="OPENCV", params="20 22 8 6 0.1 0 0 0")
+    with pytest.raises(LerfMaskFormatError, match=r"\[camera_model\].*OPENCV camera.*image_undistorter"):
+        load_lerf_mask(tmp_path / "b")
+    assert load_lerf_mask(tmp_path / "b", cameras=False).cameras is None
+    _write_lerf_mask(tmp_path / "c")
+    Image.fromarray(np.zeros((5, 5), np.uint8)).save(tmp_path / "c/test_mask/0/zebra.png")
+    with pytest.raises(LerfMaskFormatError, match=r"zebra.png: mask is 5x5, the view.s other masks 16x12"):
+        load_lerf_mask(tmp_path / "c")

@@ -168,3 +168,17 @@ def test_make_test_runs_the_setup_first():
     setup = next(i for i, c in enumerate(cmds) if c.strip() == "scripts/setup_system.sh test")
     pytest_ = next(i for i, c in enumerate(cmds) if "-m pytest" in c)
     assert build < venv < setup < pytest_
+
+
+def test_colmap_group_installs_what_ns_process_data_and_ns_export_need(sandbox, tmp_path):
+    py = tmp_path / "py-no-libusb"
+    _exe(py, f'case "$*" in *libusb*) exit 1;; esac; exec {sys.executable} "$@"')
+    rc, err, log = sandbox("--dry-run", "colmap", env={"PYTHON": str(py)})
+    assert rc == 0, err
+    assert "missing colmap (structure from motion, run by ns-process-data images (poses + seed points))" in err
+    assert "missing ffmpeg (image copies and downscales of ns-process-data images)" in err
+    assert "missing libusb-1.0-0 (libusb-1.0.so.0, needed to import open3d (ns-export))" in err
+    assert "+ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq colmap ffmpeg libusb-1.0-0\n" in err
+    assert log == [] and "npm" not in err  # the browser driver is the test group's
+    rc, err, _ = sandbox("--dry-run", "bogus")
+    assert rc == 2 and "groups: build, test, colmap" in err
