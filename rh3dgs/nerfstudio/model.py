@@ -20,9 +20,9 @@ The CPU-safe splatfacto is :mod:`rh3dgs.nerfstudio.splatfacto_cpu`; this model i
 * Rendering: the latents as the objective renders them (unit rows with ``spherical_latents``) are
   composited in the same pass as RGB; outputs gain ``latents`` [H, W, d]; in eval ``semantics`` (false
   colours) and the viewer's ``relevancy_<i>`` / ``composited`` (:class:`rh3dgs.nerfstudio.viewer.TextQueryPanel`).
-  With ``spherical_latents`` the stored latents are put back on the unit sphere after every optimizer
-  step (a no-op for the loss, which normalises them anyway), so checkpoints and exports hold the
-  latents as rendered.
+  With ``spherical_latents`` the stored latents are put on the unit sphere at initialisation and back on
+  it after every optimizer step (a no-op for the loss, which normalises them anyway), so the field,
+  checkpoints and exports hold the latents as rendered.
 * Losses: ``semantic_loss`` = the objective's pixel term on the render and ``batch["teacher"]`` (at the
   teacher's resolution by default), ``lic_loss`` = its LIC term (training only, from its start step).
 * Metrics: ``sem_cos`` / ``sem_cos_vcd`` on what the objective compares, in training only on the steps
@@ -178,7 +178,7 @@ class Rh3dgsModel(SplatfactoCPUModel):
             gen = torch.Generator().manual_seed(0)
             dec = self._random_decoder(D, d, gen).to(dev)
             lat = (torch.randn(self.num_points, d, generator=gen) * cfg.init_scale).to(dev)
-        self.gauss_params["latents"] = Parameter(lat)
+        self.gauss_params["latents"] = Parameter(self.semantic_latents(lat))  # stored = rendered
         self.decoder = Parameter(dec)
         self.semantics_initialized = True
 
@@ -274,11 +274,11 @@ class Rh3dgsModel(SplatfactoCPUModel):
         return (z * 0.5 + 0.5).clamp(0, 1)
 
     def semantic_field(self):
-        """The field as rendered (:class:`rh3dgs.field.SemanticField`; Gaussians with a zero latent are not valid)."""
+        """The field (:class:`rh3dgs.field.SemanticField`) on the stored latents, without a copy: they are the
+        rendered ones (put on the unit sphere at initialisation and after every step with ``spherical_latents``)."""
         from ..field import SemanticField
 
-        lat = self.semantic_latents(self.latents.detach())
-        return SemanticField(lat, self.decoder.detach(), (lat != 0).any(-1))
+        return SemanticField(self.latents.detach(), self.decoder.detach())
 
     @torch.no_grad()
     def relevancy_outputs(self, outputs: Dict[str, Tensor], positives: Tensor, negatives: Optional[Tensor] = None,
