@@ -112,6 +112,7 @@ class Rh3dgsModel(SplatfactoCPUModel):
         # initialize_semantics() (or load_state_dict) sets the real one.
         D = int((self.kwargs.get("metadata") or {}).get("rh3dgs_teacher_dim", d))
         self.decoder = Parameter(self._random_decoder(D, d, gen))
+        # schedules over splatfacto's 30k steps until the trainer gives the run's length (get_training_callbacks)
         self.objective = SemanticObjective(cfg.objective, d, cfg.semantic_steps or 30000)
         self.semantics_initialized = False
         self.metrics_every = 1
