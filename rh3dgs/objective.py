@@ -135,15 +135,13 @@ class SemanticObjective(torch.nn.Module):
         """Per-Gaussian latents as rendered: unit rows with ``spherical_latents`` (zero rows stay zero)."""
         return F.normalize(raw, dim=-1) if self.cfg.spherical_latents else raw
 
-    def forward(self, step: int, latents_2d: Tensor, alpha: Tensor, depth_m1: Tensor, depth_m2: Tensor,
-                decoder: Tensor, teacher: Tensor) -> Tuple[Tensor, Dict[str, float]]:
-        """Semantic pixel loss of B rendered views.
+    def compare(self, latents_2d: Tensor, alpha: Tensor, depth_m1: Tensor, depth_m2: Tensor, decoder: Tensor,
+                teacher: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """What the pixel loss compares, at the comparison grid ``(h, w)`` (``resolution``).
 
-        Args:
-            latents_2d: [B, H, W, d] composited latents; alpha, depth_m1, depth_m2: [B, H, W] render statistics.
-            decoder: [D, d]; teacher: [B, h, w, D] maps as the teacher gives them (any resolution, unit or zero rows).
-        Returns:
-            ``(lambda_sem * L_sem, parts)``.
+        Args: as :meth:`forward`. Returns ``(pred, z, w)``: pred [B, h, w, D] decoded (pooled) render with the
+        background latent, not normalised; z [B, h, w, D] unit teacher (zero rows: no feature); w [B, h, w]
+        pixel weights (no gradient; 0 where the teacher gives no feature).
         """
         cfg = self.cfg
         H, W = latents_2d.shape[1:3]
@@ -163,6 +161,20 @@ class SemanticObjective(torch.nn.Module):
                               use_vcd=cfg.use_vcd, vcd=cfg.vcd, min_coverage=min_cov)
         pred = _pool(latents_2d, grid) @ decoder.T  # [B, h, w, D], normalised by the losses
         w = _pool(w_img[..., None], grid)[..., 0] * (torch.linalg.vector_norm(z, dim=-1) > 0.5)
+        return pred, z, w
+
+    def forward(self, step: int, latents_2d: Tensor, alpha: Tensor, depth_m1: Tensor, depth_m2: Tensor,
+                decoder: Tensor, teacher: Tensor) -> Tuple[Tensor, Dict[str, float]]:
+        """Semantic pixel loss of B rendered views.
+
+        Args:
+            latents_2d: [B, H, W, d] composited latents; alpha, depth_m1, depth_m2: [B, H, W] render statistics.
+            decoder: [D, d]; teacher: [B, h, w, D] maps as the teacher gives them (any resolution, unit or zero rows).
+        Returns:
+            ``(lambda_sem * L_sem, parts)``.
+        """
+        cfg = self.cfg
+        pred, z, w = self.compare(latents_2d, alpha, depth_m1, depth_m2, decoder, teacher)
         if cfg.use_vfm:
             loss, p = vfm_loss(pred, z, w, step, self.vfm_cfg)
             parts = {"pix": float(p["pix"]), "mean": float(p["mean"]), "delta": float(p["delta"])}

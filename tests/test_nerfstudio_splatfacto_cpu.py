@@ -62,11 +62,13 @@ def test_semantics_false_builds_exactly_the_base_class():
     plain = _build(SplatfactoCPUModelConfig())
     assert type(base) is SplatfactoCPUModel and type(plain) is SplatfactoCPUModel
     assert type(sem) is Rh3dgsModel and isinstance(sem, SplatfactoCPUModel)
-    # splatfacto's parameter groups; the semantic model adds exactly latents and decoder
+    # splatfacto's parameter groups; the semantic model adds exactly latents, decoder and the objective's
+    # background latent
     assert set(base.get_param_groups()) == set(plain.get_param_groups()) == SPLATFACTO_GROUPS
-    assert set(sem.get_param_groups()) == SPLATFACTO_GROUPS | {"latents", "decoder"}
+    assert set(sem.get_param_groups()) == SPLATFACTO_GROUPS | {"latents", "decoder", "background_latent"}
     extra = set(sem.state_dict()) - set(base.state_dict())
-    assert extra == {"gauss_params.latents", "decoder"} and set(base.state_dict()) <= set(sem.state_dict())
+    assert extra == {"gauss_params.latents", "decoder", "objective.background"}
+    assert set(base.state_dict()) <= set(sem.state_dict())
     assert not hasattr(base, "text_query") and not hasattr(base, "decoder")
     # the same seed cloud gives the same initial geometry and colours (the seeded parts)
     for k in ("means", "scales", "features_dc", "features_rest", "opacities"):
@@ -105,9 +107,10 @@ def test_semantic_model_renders_the_same_rgb_plus_latents():
     a, b = base.get_outputs_for_camera(_camera()), sem.get_outputs_for_camera(_camera())
     assert torch.allclose(a["rgb"], b["rgb"], atol=1e-6) and torch.allclose(a["accumulation"], b["accumulation"])
     assert b["latents"].shape == (24, 24, 4) and b["semantics"].shape == (24, 24, 3)
-    # latents composited like any feature: a constant latent c renders as c * A
+    # latents composited like any feature, as the objective renders them (spherical latents: unit rows):
+    # a constant latent c renders as A * c / |c|
     with torch.no_grad():
         sem.gauss_params["latents"].data[:] = torch.tensor([1.0, -2.0, 0.5, 0.0])
     c = sem.get_outputs_for_camera(_camera())
-    expect = c["accumulation"] * torch.tensor([1.0, -2.0, 0.5, 0.0])
+    expect = c["accumulation"] * torch.nn.functional.normalize(torch.tensor([1.0, -2.0, 0.5, 0.0]), dim=0)
     assert torch.allclose(c["latents"], expect, atol=1e-5)

@@ -53,7 +53,7 @@ def pipe(tmp_path_factory):
     c.pipeline.datamanager.data = data
     c.pipeline.datamanager.teacher_cache_dir = root / "cache"
     c.pipeline.model.max_init_points = 1500
-    c.pipeline.model.decoder_init = "lift"
+    c.pipeline.model.init = "lift"
     p = c.pipeline.setup(device="cpu", test_mode="val")
     p.model.eval()
     return p
@@ -297,7 +297,7 @@ def test_ns_viewer_text_query_in_headless_chromium(tmp_path):
     out = tmp_path / "outputs"
     cmd = [str(VENV_BIN / "ns-train"), "rh3dgs-lite", "--machine.device-type", "cpu", "--vis", "tensorboard",
            "--output-dir", str(out), "--experiment-name", "synth", "--timestamp", "run",
-           "--max-num-iterations", "60", "--pipeline.model.decoder-init", "lift",
+           "--max-num-iterations", "60", "--pipeline.model.init", "lift",
            "--pipeline.datamanager.teacher-cache-dir", str(tmp_path / "cache"), "--data", str(data)]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-4000:])

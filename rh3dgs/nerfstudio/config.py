@@ -24,8 +24,6 @@ from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig as _NSE
 from nerfstudio.engine.trainer import TrainerConfig
 from nerfstudio.plugins.types import MethodSpecification
 
-from ..lic import LICConfig
-from ..vfm import VFMConfig
 from .datamanager import Rh3dgsDataManagerConfig
 from .dataparser import Rh3dgsDataParserConfig
 from .model import Rh3dgsModelConfig
@@ -58,7 +56,9 @@ __all__ = ["ExponentialDecaySchedulerConfig", "make_optimizers", "rh3dgs_config"
 
 
 def make_optimizers(max_steps: int) -> dict:
-    """splatfacto's optimizer groups + ``latents`` and ``decoder``."""
+    """splatfacto's optimizer groups + the semantic ones at ``DistillConfig``'s rates: ``latents`` 1e-3,
+    ``decoder`` 0 (kept as the lift's basis; ``--optimizers.decoder.optimizer.lr`` trains it),
+    ``background_latent`` 0.01."""
     return {
         "means": {"optimizer": AdamOptimizerConfig(lr=1.6e-4, eps=1e-15),
                   "scheduler": ExponentialDecaySchedulerConfig(lr_final=1.6e-6, max_steps=max_steps)},
@@ -67,9 +67,9 @@ def make_optimizers(max_steps: int) -> dict:
         "opacities": {"optimizer": AdamOptimizerConfig(lr=0.05, eps=1e-15), "scheduler": None},
         "scales": {"optimizer": AdamOptimizerConfig(lr=0.005, eps=1e-15), "scheduler": None},
         "quats": {"optimizer": AdamOptimizerConfig(lr=0.001, eps=1e-15), "scheduler": None},
-        "latents": {"optimizer": AdamOptimizerConfig(lr=0.005, eps=1e-15), "scheduler": None},
-        "decoder": {"optimizer": AdamOptimizerConfig(lr=5e-4, eps=1e-15),
-                    "scheduler": ExponentialDecaySchedulerConfig(lr_final=5e-5, max_steps=max_steps)},
+        "latents": {"optimizer": AdamOptimizerConfig(lr=1e-3), "scheduler": None},
+        "decoder": {"optimizer": AdamOptimizerConfig(lr=0.0), "scheduler": None},
+        "background_latent": {"optimizer": AdamOptimizerConfig(lr=0.01), "scheduler": None},
         "camera_opt": {"optimizer": AdamOptimizerConfig(lr=1e-4, eps=1e-15),
                        "scheduler": ExponentialDecaySchedulerConfig(lr_final=5e-7, max_steps=max_steps,
                                                                     warmup_steps=1000, lr_pre_warmup=0)},
@@ -80,8 +80,8 @@ def make_optimizers(max_steps: int) -> dict:
 
 
 def rh3dgs_config() -> TrainerConfig:
-    """Full schedule (30k steps, splatfacto's densification; semantic loss from step 0 with a
-    1k-step ramp, LIC from 5k, delta annealed over 10k)."""
+    """Full schedule (30k steps, splatfacto's densification; the semantic objective of ``distill()`` with its
+    defaults, from the lift, its schedules spanning the run)."""
     steps = 30000
     return Rh3dgsTrainerConfig(
         method_name="rh3dgs",
@@ -96,11 +96,7 @@ def rh3dgs_config() -> TrainerConfig:
                 dataparser=Rh3dgsDataParserConfig(),  # seed points via plyfile (no open3d)
                 cache_images_type="uint8",
             ),
-            model=Rh3dgsModelConfig(
-                semantic_warmup_steps=1000,
-                vfm=VFMConfig(anneal_steps=10000),
-                lic=LICConfig(warmup_steps=5000, refresh_every=500, num_anchors=1024),
-            ),
+            model=Rh3dgsModelConfig(),
         ),
         optimizers=make_optimizers(steps),
         viewer=ViewerConfig(num_rays_per_chunk=1 << 15, websocket_host="127.0.0.1"),  # this machine only
@@ -110,7 +106,7 @@ def rh3dgs_config() -> TrainerConfig:
 
 def rh3dgs_lite_config() -> TrainerConfig:
     """CPU-sized preset: 300 steps, no image pyramid, <= 4k seed points (4k random ones without), black background,
-    densification between steps 60 and 200 (threshold 4e-4), semantic ramp 60 steps, LIC from step 150, delta annealed over 240."""
+    densification between steps 60 and 200 (threshold 4e-4), latent_dim 8; the objective of ``distill()`` with its defaults."""
     steps = 300
     return Rh3dgsTrainerConfig(
         method_name="rh3dgs-lite",
@@ -140,11 +136,6 @@ def rh3dgs_lite_config() -> TrainerConfig:
                 reset_alpha_every=100,  # x refine_every = 3000 > steps: no opacity reset
                 stop_screen_size_at=0,  # no screen-size split/prune: 5% of a 64 px image is 3 px
                 latent_dim=8,
-                semantic_warmup_steps=60,
-                lambda_sem=0.2,
-                vfm=VFMConfig(anneal_steps=240, mean_iters=8),
-                lambda_con=0.05,
-                lic=LICConfig(warmup_steps=150, refresh_every=60, num_anchors=256, num_clusters=16, radius=0.1),
             ),
         ),
         optimizers=make_optimizers(steps),

@@ -1,4 +1,4 @@
-"""``Rh3dgsModel``: :class:`SplatfactoCPUModel` + per-Gaussian semantic latents, a decoder, VCD-weighted VFM and LIC.
+"""``Rh3dgsModel``: :class:`SplatfactoCPUModel` + per-Gaussian semantic latents trained with :mod:`rh3dgs.objective`.
 
 The CPU-safe splatfacto is :mod:`rh3dgs.nerfstudio.splatfacto_cpu`; this model is that class plus
 (as nerfstudio-method-template's ``populate_modules(): super().populate_modules()``):
@@ -6,24 +6,35 @@ The CPU-safe splatfacto is :mod:`rh3dgs.nerfstudio.splatfacto_cpu`; this model i
 * ``gauss_params["latents"]`` [N, d]: beside means / scales / ... so that the densification
   strategy (gsplat's ``DefaultStrategy``, which duplicates / splits / removes *every* entry of the
   params dict together with its optimizer state) carries it.
-* ``decoder`` [D, d]: a linear decoder (nn.Parameter, its own optimizer group); initialised from an
-  uncentred PCA of the teacher features, or from the training-free lift
-  (:func:`rh3dgs.lifting.lift`), by :meth:`initialize_semantics` (called by the pipeline).
-* Rendering: the latents are composited in the same pass as RGB (:meth:`render_features`);
-  outputs gain ``latents`` [H, W, d]; in eval ``semantics`` (false colours) and the viewer's
-  ``relevancy_<i>`` / ``composited`` (:class:`rh3dgs.nerfstudio.viewer.TextQueryPanel`); in
-  training ``semantic_step``: the step's :class:`SemanticStep` (the loss inputs, made once).
-* Losses (:meth:`semantic_losses`): ``lambda_sem * ramp(step) * L_VFM`` (VCD weights from A, D1, D2
-  and the teacher map's edges; delta annealed from the semantic start step) + ``lambda_con * L_LIC``
-  (on the latents, after ``lic.warmup_steps``).
-* Metrics: ``sem_cos`` / ``sem_cos_vcd``, in training only on the steps the trainer logs.
+* ``decoder`` [D, d]: the linear decoder (nn.Parameter, optimizer group ``decoder``; learning rate 0
+  in the presets: kept as the lift's basis, as ``distill()``'s ``decoder_lr = 0``).
+* ``objective``: the one semantic objective (:class:`rh3dgs.objective.SemanticObjective`, the
+  objective of ``distill()`` too) with its background latent (optimizer group ``background_latent``)
+  and its LIC state. ``Rh3dgsModelConfig.objective`` is an :class:`~rh3dgs.objective.ObjectiveConfig`
+  with the same defaults as ``DistillConfig.objective``.
+* Initialisation (:meth:`initialize_semantics`, called by the pipeline): latents and decoder from the
+  training-free lift of the training views on the initial Gaussians (:func:`rh3dgs.objective.initial_field`,
+  with ``lift``: the same :class:`~rh3dgs.lifting.LiftConfig` as ``distill()``); ``init="random"``:
+  random latents and an orthonormal random decoder. Gaussians the lift leaves without a feature keep a
+  zero latent, which stays zero (no gradient), as in ``distill()``.
+* Rendering: the latents as the objective renders them (unit rows with ``spherical_latents``) are
+  composited in the same pass as RGB; outputs gain ``latents`` [H, W, d]; in eval ``semantics`` (false
+  colours) and the viewer's ``relevancy_<i>`` / ``composited`` (:class:`rh3dgs.nerfstudio.viewer.TextQueryPanel`).
+  With ``spherical_latents`` the stored latents are put on the unit sphere at initialisation and back on
+  it after every optimizer step (a no-op for the loss, which normalises them anyway), so the field,
+  checkpoints and exports hold the latents as rendered.
+* Losses: ``semantic_loss`` = the objective's pixel term on the render and ``batch["teacher"]`` (at the
+  teacher's resolution by default), ``lic_loss`` = its LIC term (training only, from its start step).
+* Metrics: ``sem_cos`` / ``sem_cos_vcd`` on what the objective compares, in training only on the steps
+  the trainer logs.
+* ``freeze_geometry``: only the semantic parts train (no gradient to means / scales / quats / opacities,
+  no densification): ``distill()``'s problem, on the model's Gaussians (e.g. a trained splatfacto's).
 
 ``semantics=False`` in the config builds :class:`SplatfactoCPUModel` itself (splatfacto on rh3dgs's
 rasterizer: the CPU baseline of ``benchmarks/bench_nstrain.py``).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Literal, Optional, Sequence, Tuple, Type
 
@@ -32,147 +43,55 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Parameter
 
+from nerfstudio.engine.callbacks import TrainingCallback, TrainingCallbackAttributes, TrainingCallbackLocation
 from nerfstudio.utils.rich_utils import CONSOLE
 
 from ..cameras import Cameras
 from ..errors import ConfigError
-from ..lic import LICConfig, LICLoss
+from ..lifting import LiftConfig
+from ..objective import ObjectiveConfig, SemanticObjective, initial_field, teacher_grid
 from ..query import TEMPERATURE
 from ..teachers.maps import prepare_map
-from ..vcd import VCDConfig, reliability_weights
-from ..vfm import VFMConfig, vfm_loss
 from .splatfacto_cpu import SplatfactoCPUModel, SplatfactoCPUModelConfig, ViewRender
 
-__all__ = ["Rh3dgsModelConfig", "Rh3dgsModel", "SemanticStep", "SemanticTargets"]
+__all__ = ["Rh3dgsModelConfig", "Rh3dgsModel", "GEOMETRY_GROUPS"]
 
-
-def _area_resize(t: Tensor, size: Tuple[int, int]) -> Tensor:
-    """[B, H, W, C] -> [B, h, w, C] by area averaging (linear: exact for composited sums)."""
-    if tuple(t.shape[1:3]) == tuple(size):
-        return t
-    return F.adaptive_avg_pool2d(t.permute(0, 3, 1, 2), size).permute(0, 2, 3, 1)
-
-
-def _bilinear_resize(t: Tensor, size: Tuple[int, int]) -> Tensor:
-    """[H, W, C] -> [h, w, C] bilinear (masks; teacher maps go through :func:`prepare_map`)."""
-    if tuple(t.shape[:2]) == tuple(size):
-        return t
-    return F.interpolate(t.permute(2, 0, 1)[None].float(), size=size, mode="bilinear",
-                         align_corners=False)[0].permute(1, 2, 0)
+GEOMETRY_GROUPS = ("means", "scales", "quats", "opacities")
+"""The parameter groups ``freeze_geometry`` keeps fixed."""
 
 
 @dataclass
 class Rh3dgsModelConfig(SplatfactoCPUModelConfig):
-    """Splatfacto + Rh-3DGS semantic distillation (VCD + VFM + LIC)."""
+    """Splatfacto + the Rh-3DGS semantic objective (:class:`rh3dgs.objective.ObjectiveConfig`)."""
 
     _target: Type = field(default_factory=lambda: Rh3dgsModel)
     semantics: bool = True
     """False: build plain splatfacto on rh3dgs's rasterization path (:class:`SplatfactoCPUModel`): no latents,
-    decoder, teacher maps, semantic losses or metrics (lambda_sem, lambda_con, latent_dim... are then unused)."""
+    decoder, teacher maps, semantic losses or metrics (the semantic settings are then unused)."""
     latent_dim: int = 16
     """d: per-Gaussian semantic latent size."""
-    latent_init_std: float = 0.1
-    """Std of the random latent initialisation (when not initialised from the lift)."""
-    decoder_init: Literal["pca", "lift", "random"] = "pca"
-    """'pca': uncentred PCA of sampled teacher features; 'lift': run the training-free lift on the
-    initial Gaussians (latents and decoder from it); 'random': orthonormal random decoder."""
-    pca_max_pixels: int = 200_000
-    """Teacher pixels sampled for the PCA decoder initialisation."""
-    lambda_sem: float = 0.1
-    """Weight of L_VFM."""
-    semantic_start_step: int = 0
-    """No semantic loss before this step."""
-    semantic_warmup_steps: int = 500
-    """Linear ramp of lambda_sem over this many steps after semantic_start_step."""
-    semantic_max_pixels: int = 65536
-    """The semantic loss is computed on at most this many pixels: larger renders are area-pooled
-    (latents and statistics are composited sums, so pooling is exact up to the decode)."""
-    semantic_min_coverage: float = 0.0
-    """Pixels with accumulated opacity below this are left out of the semantic loss."""
-    vfm: VFMConfig = field(default_factory=lambda: VFMConfig(anneal_steps=10000))
-    """VFM settings (delta annealing counts from semantic_start_step)."""
-    use_vcd: bool = True
-    """Weight the VFM loss by VCD reliability weights (False: uniform)."""
-    vcd: VCDConfig = field(default_factory=VCDConfig)
-    """VCD settings."""
-    lambda_con: float = 0.05
-    """Weight of L_LIC (0 = off)."""
-    lic: LICConfig = field(default_factory=lambda: LICConfig(warmup_steps=5000, refresh_every=500, num_anchors=512))
-    """LIC settings (warmup_steps = the LIC start step); computed on the latents."""
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    """The semantic objective (VCD / VFM / LIC switches, lambda_sem, lambda_con, resolution...): the one of
+    ``distill()`` (same defaults as ``DistillConfig.objective``)."""
+    semantic_steps: Optional[int] = None
+    """Length of the run the objective's schedules span (VFM's delta annealing, LIC's start and refresh):
+    None = the trainer's ``max_num_iterations``."""
+    init: Literal["lift", "random"] = "lift"
+    """'lift': latents and decoder from the training-free lift of the training views on the initial Gaussians
+    (as ``distill()``'s default); 'random': latents ~ N(0, init_scale^2), orthonormal random decoder."""
+    lift: LiftConfig = field(default_factory=LiftConfig)
+    """Settings of the lift of ``init='lift'`` (its latent_dim is overridden by ``latent_dim``), as ``DistillConfig.lift``."""
+    init_scale: float = 0.1
+    """Std of random initial latents (``init='random'``)."""
+    freeze_geometry: bool = False
+    """Train only latents, decoder and background latent (and colours) on fixed geometry: no gradient to
+    means / scales / quats / opacities, no densification (``distill()``'s problem)."""
     semantic_eval_metrics: bool = True
     """Report mean teacher cosine (and its VCD-weighted version) in eval metrics."""
 
     def setup(self, **kwargs):
         """The model: :class:`Rh3dgsModel`, or with ``semantics=False`` :class:`SplatfactoCPUModel`."""
         return (self._target if self.semantics else SplatfactoCPUModel)(self, **kwargs)
-
-
-def semantic_size(size: Tuple[int, int], max_pixels: int) -> Tuple[int, int]:
-    """Render size (H, W) -> the semantic loss resolution: the same aspect, at most ``max_pixels`` pixels."""
-    H, W = int(size[0]), int(size[1])
-    s = max(1.0, math.sqrt(H * W / max(1, max_pixels)))
-    return max(1, int(H / s)), max(1, int(W / s))
-
-
-@dataclass
-class SemanticTargets:
-    """The batch's side of one view's semantic loss, at the loss resolution, without graph.
-
-    teacher [1, h, w, D] unit rows (zero: no feature); valid [1, h, w] bool (teacher present, the
-    batch's mask, ``semantic_min_coverage``); weights [1, h, w] the VCD weights w_bar (``valid``
-    as float with ``use_vcd=False``).
-    """
-
-    teacher: Tensor
-    valid: Tensor
-    weights: Tensor
-
-
-class SemanticStep:
-    """The semantic loss inputs of one rendered view at the loss resolution, made once per step.
-
-    Made from the render outputs (in training by ``get_outputs``): latents [1, h, w, d] and the
-    statistics A, D1, D2 [1, h, w], area-pooled to at most ``semantic_max_pixels`` (composited sums:
-    pooling is exact up to the decode), with their graph. :meth:`targets` adds the batch's side
-    (:class:`SemanticTargets`, no graph) once, for whichever of the loss and the metrics asks first:
-    both get the same tensors, whatever their order.
-    """
-
-    def __init__(self, outputs: Dict[str, Tensor], cfg: Rh3dgsModelConfig) -> None:
-        size = semantic_size(outputs["latents"].shape[:2], cfg.semantic_max_pixels)
-        lat, A, D1, D2 = (_area_resize(outputs[k][None], size)
-                          for k in ("latents", "accumulation", "depth_m1", "depth_m2"))
-        self.latents, self.alpha, self.d1, self.d2 = lat, A[..., 0], D1[..., 0], D2[..., 0]
-        self.size = size
-        self.cfg = cfg
-        self._targets: Optional[Tuple[Tensor, SemanticTargets]] = None
-
-    @torch.no_grad()
-    def targets(self, batch: Dict[str, Tensor]) -> SemanticTargets:
-        """Teacher map at the loss resolution, valid mask and VCD weights for ``batch`` (computed once).
-
-        ``batch["teacher"]`` is used as handed when it is at the loss resolution (the data manager
-        prepares it there, once per camera: unit rows); other sizes go through :func:`prepare_map`.
-        """
-        src = batch["teacher"]
-        if self._targets is not None and self._targets[0] is src:
-            return self._targets[1]
-        cfg, dev = self.cfg, self.latents.device
-        t = src.to(dev)
-        teacher = (t if tuple(t.shape[:2]) == self.size else prepare_map(t, self.size))[None]
-        valid = teacher.norm(dim=-1) > 0.5
-        if cfg.semantic_min_coverage > 0:
-            valid = valid & (self.alpha >= cfg.semantic_min_coverage)
-        if "mask" in batch:
-            m = batch["mask"].to(dev).float()
-            valid = valid & (_bilinear_resize(m, self.size)[..., 0] > 0.5)[None]
-        if cfg.use_vcd:
-            w = reliability_weights(self.alpha, self.d1, self.d2, features=teacher, cfg=cfg.vcd, valid_mask=valid)
-        else:
-            w = valid.float()
-        out = SemanticTargets(teacher, valid, w)
-        self._targets = (src, out)
-        return out
 
 
 class Rh3dgsModel(SplatfactoCPUModel):
@@ -187,15 +106,15 @@ class Rh3dgsModel(SplatfactoCPUModel):
             raise ConfigError(f"rh3dgs: latent_dim must be >= 1, got {cfg.latent_dim}")
         super().populate_modules()
         gen = torch.Generator().manual_seed(0)
-        self.gauss_params["latents"] = Parameter(
-            torch.randn(self.num_points, cfg.latent_dim, generator=gen) * cfg.latent_init_std)
+        d = cfg.latent_dim
+        self.gauss_params["latents"] = Parameter(torch.randn(self.num_points, d, generator=gen) * cfg.init_scale)
         # decoder [D, d]; D is only known from the teacher: a placeholder until
         # initialize_semantics() (or load_state_dict) sets the real one.
-        D = int((self.kwargs.get("metadata") or {}).get("rh3dgs_teacher_dim", cfg.latent_dim))
-        dec = torch.randn(D, cfg.latent_dim, generator=gen)
-        self.decoder = Parameter(torch.linalg.qr(dec)[0] if D >= cfg.latent_dim else dec)
+        D = int((self.kwargs.get("metadata") or {}).get("rh3dgs_teacher_dim", d))
+        self.decoder = Parameter(self._random_decoder(D, d, gen))
+        # schedules over splatfacto's 30k steps until the trainer gives the run's length (get_training_callbacks)
+        self.objective = SemanticObjective(cfg.objective, d, cfg.semantic_steps or 30000)
         self.semantics_initialized = False
-        self.lic_loss = LICLoss(cfg.lic)
         self.metrics_every = 1
         """Training steps between semantic metrics: the trainer's ``logging.steps_per_log``
         (set by :meth:`get_training_callbacks`)."""
@@ -203,6 +122,18 @@ class Rh3dgsModel(SplatfactoCPUModel):
         from .viewer import TextQueryPanel
 
         self.text_query = TextQueryPanel(self)
+
+    @staticmethod
+    def _random_decoder(D: int, d: int, gen: torch.Generator) -> Tensor:
+        """[D, d] with orthonormal columns (D >= d), else Gaussian."""
+        dec = torch.randn(max(D, d), d, generator=gen)
+        return torch.linalg.qr(dec)[0][:D] if D >= d else dec[:D]
+
+    def set_semantic_steps(self, steps: int) -> None:
+        """Span the objective's schedules over ``steps`` (the background latent, a parameter, is kept)."""
+        obj = SemanticObjective(self.config.objective, self.config.latent_dim, int(steps))
+        obj.background = self.objective.background
+        self.objective = obj
 
     @property
     def latents(self) -> Tensor:
@@ -216,89 +147,104 @@ class Rh3dgsModel(SplatfactoCPUModel):
         """The base class's (Parameter objects kept), with the decoder resized to the checkpoint's."""
         if "decoder" in dict and tuple(dict["decoder"].shape) != tuple(self.decoder.shape):
             self.decoder.data = torch.zeros(dict["decoder"].shape, device=self.decoder.device)
+        dict.setdefault("objective.background", torch.zeros_like(self.objective.background))  # runs before it
         self.semantics_initialized = True
         return super().load_state_dict(dict, **kwargs)
 
     @torch.no_grad()
     def initialize_semantics(self, teacher_maps: Sequence[Tensor], cameras: Optional[Cameras] = None) -> None:
-        """Set the decoder (and with ``decoder_init='lift'`` the latents) from teacher maps.
+        """Latents and decoder from the teacher maps of the training views (``init``: the lift, or random).
 
         Args:
             teacher_maps: per training view [h, w, D] unit teacher features (any resolution).
-            cameras: rh3dgs cameras of those views at the image size (needed for 'lift').
+            cameras: rh3dgs cameras of those views at the image size (``init='lift'``).
         """
-        from ..lifting import LiftConfig, lift, pca_decoder
-
         cfg = self.config
         if len(teacher_maps) == 0:
-            raise ConfigError("rh3dgs: no teacher maps to initialise the semantic decoder from")
-        D = int(teacher_maps[0].shape[-1])
-        d = cfg.latent_dim
-        dev = self.means.device
-        if cfg.decoder_init == "lift" and cameras is not None:
+            raise ConfigError("rh3dgs: no teacher maps to initialise the semantic field from")
+        D, d, dev = int(teacher_maps[0].shape[-1]), cfg.latent_dim, self.means.device
+        lat = torch.zeros(self.num_points, d, device=dev)
+        dec = torch.zeros(D, d, device=dev)
+        if cfg.init == "lift":
+            if cameras is None:
+                raise ConfigError("rh3dgs: init='lift' needs the training cameras at one image size (pinhole); "
+                                  "this dataset's differ: use --pipeline.model.init random")
             g = self.gaussians_for_render(detach=True)
-            res = lift(g, cameras.to(dev), list(teacher_maps),
-                       LiftConfig(latent_dim=d, vcd=cfg.vcd), progress=False)
-            dec = torch.zeros(D, d, device=dev)
-            dec[:, : res.decoder.shape[1]] = res.decoder.to(dev)
-            lat = torch.zeros(len(g), d, device=dev)
-            lat[:, : res.latents.shape[1]] = res.latents.to(dev)
-            # Gaussians the lift could not see keep a small random latent
-            inval = ~res.valid.to(dev)
-            lat[inval] = self.latents.data[inval]
-            self.gauss_params["latents"] = Parameter(lat)
-            self.decoder = Parameter(dec)
+            lat0, dec0, res = initial_field(g, cameras.to(dev), list(teacher_maps), d, cfg.lift)
+            lat[:, : lat0.shape[1]] = lat0.to(dev)  # D < d: the lift's latents have D columns
+            dec[:, : dec0.shape[1]] = dec0.to(dev)
             CONSOLE.log(f"rh3dgs: latents and decoder initialised by the lift ({res.info['valid']}/{len(g)} "
-                        f"Gaussians seen, {res.info['seconds']:.1f}s)")
-        elif cfg.decoder_init in ("pca", "lift"):
-            per_view = max(1, cfg.pca_max_pixels // len(teacher_maps))
-            gen = torch.Generator().manual_seed(0)
-            samples = []
-            for m in teacher_maps:
-                flat = m.reshape(-1, D).float().cpu()
-                if flat.shape[0] > per_view:
-                    flat = flat[torch.randperm(flat.shape[0], generator=gen)[:per_view]]
-                samples.append(flat)
-            feats = F.normalize(torch.cat(samples), dim=-1)
-            basis, _ = pca_decoder(feats, torch.ones(feats.shape[0]), d)
-            dec = torch.zeros(D, d)
-            dec[:, : basis.shape[1]] = basis
-            if basis.shape[1] < d:  # D < d: remaining columns random
-                dec[:, basis.shape[1]:] = torch.randn(D, d - basis.shape[1], generator=gen) * 0.1
-            self.decoder = Parameter(dec.to(dev))
-            # start every latent at the dominant (mean) teacher direction plus noise
-            mean_dir = F.normalize(feats.mean(0), dim=0) @ dec
-            self.gauss_params["latents"] = Parameter(
-                (mean_dir.to(dev)[None] + self.latents.data).contiguous())
+                        f"Gaussians with a feature, {res.info['seconds']:.1f}s)")
         else:
             gen = torch.Generator().manual_seed(0)
-            q = torch.linalg.qr(torch.randn(max(D, d), d, generator=gen))[0][:D]
-            self.decoder = Parameter(q.to(dev))
+            dec = self._random_decoder(D, d, gen).to(dev)
+            lat = (torch.randn(self.num_points, d, generator=gen) * cfg.init_scale).to(dev)
+        self.gauss_params["latents"] = Parameter(self.semantic_latents(lat))  # stored = rendered
+        self.decoder = Parameter(dec)
         self.semantics_initialized = True
 
-    def get_training_callbacks(self, training_callback_attributes):
-        """splatfacto's callbacks; reads the trainer's logging period for :meth:`get_metrics_dict`."""
+    def teacher_size(self, image_size: Tuple[int, int], teacher_shape: Tuple[int, ...]) -> Tuple[int, int]:
+        """The size (h, w) the objective compares a render of ``image_size`` with a teacher map of
+        ``teacher_shape`` [h_t, w_t, D] at: the map's grid (``resolution='teacher'``) or the image size."""
+        if self.config.objective.resolution == "teacher":
+            return teacher_grid(torch.empty(tuple(teacher_shape[:2]) + (0,)), image_size)
+        return tuple(image_size)
+
+    def get_training_callbacks(self, training_callback_attributes: TrainingCallbackAttributes):
+        """splatfacto's callbacks (without densification with ``freeze_geometry``), plus: the trainer's
+        logging period for :meth:`get_metrics_dict`, the run length for the objective's schedules, and
+        the latents put back on the unit sphere after each step (``spherical_latents``)."""
         trainer = training_callback_attributes.trainer
         if trainer is not None:
             self.metrics_every = max(1, int(trainer.config.logging.steps_per_log))
-        return super().get_training_callbacks(training_callback_attributes)
+            if self.config.semantic_steps is None:
+                self.set_semantic_steps(int(trainer.config.max_num_iterations))
+        cbs = super().get_training_callbacks(training_callback_attributes)
+        if self.config.freeze_geometry:  # splatfacto's AFTER_TRAIN_ITERATION callback is the densification
+            cbs = [c for c in cbs if TrainingCallbackLocation.AFTER_TRAIN_ITERATION not in c.where_to_run]
+        if self.config.objective.spherical_latents:
+            cbs.append(TrainingCallback([TrainingCallbackLocation.AFTER_TRAIN_ITERATION], self._retract_latents))
+        return cbs
+
+    @torch.no_grad()
+    def _retract_latents(self, step: int) -> None:
+        """Stored latents = rendered latents: unit rows (zero rows stay zero)."""
+        lat = self.gauss_params["latents"]
+        lat.data = self.objective.gaussian_latents(lat.data)
 
     def get_gaussian_param_groups(self) -> Dict[str, List[Parameter]]:
-        return {**super().get_gaussian_param_groups(), "latents": [self.gauss_params["latents"]]}
+        groups = super().get_gaussian_param_groups()
+        if self.config.freeze_geometry:
+            groups = {k: v for k, v in groups.items() if k not in GEOMETRY_GROUPS}
+        return {**groups, "latents": [self.gauss_params["latents"]]}
 
     def get_param_groups(self) -> Dict[str, List[Parameter]]:
-        return {**super().get_param_groups(), "decoder": [self.decoder]}
+        groups = {**super().get_param_groups(), "decoder": [self.decoder]}
+        if self.objective.background.requires_grad:
+            groups["background_latent"] = [self.objective.background]
+        return groups
+
+    def gaussians_for_render(self, crop_ids: Optional[Tensor] = None, detach: bool = False):
+        """splatfacto's, with the geometry detached under ``freeze_geometry``."""
+        g = super().gaussians_for_render(crop_ids, detach)
+        if self.config.freeze_geometry and not detach:
+            g.means, g.scales, g.quats, g.opacities = (t.detach() for t in (g.means, g.scales, g.quats, g.opacities))
+        return g
 
     # ------------------------------------------------------------------ rendering
+    def semantic_latents(self, raw: Tensor) -> Tensor:
+        """Per-Gaussian latents as rendered: the objective's (unit rows with ``spherical_latents``); a zero
+        row (a Gaussian without a feature) stays zero and gets no gradient, as in ``distill()``."""
+        live = (raw.detach() != 0).any(-1, keepdim=True)
+        return self.objective.gaussian_latents(raw) * live
+
     def render_features(self, gaussians) -> Optional[Tensor]:
-        return gaussians.latents  # composited with RGB in one pass
+        return self.semantic_latents(gaussians.latents)  # composited with RGB in one pass
 
     def view_outputs(self, view: ViewRender) -> Dict[str, Tensor]:
         out = super().view_outputs(view)
         out["latents"] = view.result.features.squeeze(0)  # [H, W, d]
-        if self.training:
-            out["semantic_step"] = SemanticStep(out, self.config)
-        else:
+        if not self.training:
             out["semantics"] = self.semantic_colors(out["latents"])
             # viewer: relevancy_<i> and composited while a text query is set (empty otherwise)
             out.update(self.text_query.outputs(out, view.gaussians, view.cameras, view.crop_ids))
@@ -308,15 +254,6 @@ class Rh3dgsModel(SplatfactoCPUModel):
         out = super().empty_outputs(width, height)
         out["latents"] = self.background_color.new_zeros(height, width, self.config.latent_dim)
         return out
-
-    def semantic_step(self, outputs: Dict[str, Tensor]) -> SemanticStep:
-        """The step's :class:`SemanticStep`: the one ``get_outputs`` made in training, else one from ``outputs``."""
-        step = outputs.get("semantic_step")
-        return step if isinstance(step, SemanticStep) else SemanticStep(outputs, self.config)
-
-    def semantic_size(self, size: Tuple[int, int]) -> Tuple[int, int]:
-        """Render size (H, W) -> the semantic loss resolution (``semantic_max_pixels``)."""
-        return semantic_size(size, self.config.semantic_max_pixels)
 
     # ------------------------------------------------------------------ semantics
     def decode(self, latents: Tensor) -> Tensor:
@@ -338,6 +275,8 @@ class Rh3dgsModel(SplatfactoCPUModel):
         return (z * 0.5 + 0.5).clamp(0, 1)
 
     def semantic_field(self):
+        """The field (:class:`rh3dgs.field.SemanticField`) on the stored latents, without a copy: they are the
+        rendered ones (put on the unit sphere at initialisation and after every step with ``spherical_latents``)."""
         from ..field import SemanticField
 
         return SemanticField(self.latents.detach(), self.decoder.detach())
@@ -360,6 +299,18 @@ class Rh3dgsModel(SplatfactoCPUModel):
         return {f"relevancy_{i}": rel[..., i: i + 1] for i in range(rel.shape[-1])}
 
     # ------------------------------------------------------------------ losses and metrics
+    def _objective_inputs(self, outputs, batch) -> Tuple[Tensor, ...]:
+        """The objective's inputs for one rendered view: latents [1, H, W, d], A, D1, D2 [1, H, W], the decoder,
+        teacher [1, h, w, D] (``batch["teacher"]``, with the rows of masked-out cells zeroed)."""
+        lat = outputs["latents"][None]
+        A, D1, D2 = (outputs[k][None, ..., 0] for k in ("accumulation", "depth_m1", "depth_m2"))
+        t = batch["teacher"].to(lat.device).float()
+        if "mask" in batch:  # nerfstudio's mask (1 = use): teacher cells mostly outside it give no feature
+            m = batch["mask"].to(lat.device).float().permute(2, 0, 1)[None]  # [1, 1, H, W]
+            keep = F.adaptive_avg_pool2d(m, tuple(t.shape[:2]))[0, 0] >= 0.5
+            t = t * keep[..., None]
+        return lat, A, D1, D2, self.decoder, t[None]
+
     def losses(self, outputs, batch, metrics_dict=None) -> Dict[str, Tensor]:
         loss_dict = super().losses(outputs, batch, metrics_dict)
         if "teacher" in batch and "latents" in outputs:
@@ -367,53 +318,44 @@ class Rh3dgsModel(SplatfactoCPUModel):
         return loss_dict
 
     def semantic_losses(self, outputs, batch) -> Dict[str, Tensor]:
-        """The semantic loss terms of one step (the model's whole semantic objective).
-
-        ``vfm_loss`` = lambda_sem * ramp(step) * L_VFM(decoded pooled latents, teacher; VCD weights
-        w_bar, delta annealed from ``semantic_start_step``), the ramp linear over
-        ``semantic_warmup_steps``; ``lic_loss`` = lambda_con * L_LIC(latents) from ``lic.warmup_steps``
-        (training only).
-        """
-        cfg = self.config
+        """The objective's terms for one step: ``semantic_loss`` (lambda_sem x the VFM / cosine pixel term) and,
+        in training from LIC's start step, ``lic_loss`` (lambda_con x LIC on the Gaussians with a feature)."""
+        obj = self.objective
         losses: Dict[str, Tensor] = {}
-        since = self.step - cfg.semantic_start_step
-        if since < 0:
-            ramp = 0.0
-        elif cfg.semantic_warmup_steps > 0:
-            ramp = min(1.0, (since + 1) / cfg.semantic_warmup_steps)
-        else:
-            ramp = 1.0
-        if cfg.lambda_sem * ramp > 0:
-            step = self.semantic_step(outputs)
-            t = step.targets(batch)
-            l_vfm, _ = vfm_loss(step.latents @ self.decoder.T, t.teacher, t.weights, max(0, since), cfg.vfm)
-            losses["vfm_loss"] = cfg.lambda_sem * ramp * l_vfm
-        if cfg.lambda_con > 0 and self.training and self.step >= cfg.lic.warmup_steps:
-            losses["lic_loss"] = cfg.lambda_con * self.lic_loss(self.latents, self.step, means=self.means.detach())
+        if obj.cfg.lambda_sem > 0:
+            loss, _ = obj(self.step, *self._objective_inputs(outputs, batch))
+            losses["semantic_loss"] = loss
+        if self.training and obj.lic is not None and self.step >= obj.lic.cfg.warmup_steps:
+            lat = self.semantic_latents(self.latents)
+            live = torch.nonzero((lat.detach() != 0).any(-1)).flatten()
+            losses["lic_loss"] = obj.contrast(self.step, lat, self.decoder, self.means, subset=live)
         return losses
 
     @torch.no_grad()
-    def semantic_metrics(self, step: SemanticStep, batch) -> Dict[str, Tensor]:
-        """``sem_cos``: mean cosine of decoded rendered features to the teacher on valid pixels the
-        scene covers (A >= 0.5); ``sem_cos_vcd``: the same weighted by the VCD weights w_bar."""
-        t = step.targets(batch)
-        cos = (self.decode(step.latents.detach()) * t.teacher).sum(-1)
-        v = (t.valid & (step.alpha.detach() >= 0.5)).float()  # pixels the scene covers
+    def semantic_metrics(self, outputs, batch) -> Dict[str, Tensor]:
+        """On what the objective compares (:meth:`rh3dgs.objective.SemanticObjective.compare`): ``sem_cos``, the
+        mean cosine of the decoded render to the teacher on cells the scene covers (pooled A >= 0.5) where the
+        teacher gives a feature; ``sem_cos_vcd``: the mean weighted by the objective's pixel weights."""
+        lat, A, D1, D2, dec, t = self._objective_inputs(outputs, batch)
+        pred, z, w = self.objective.compare(lat.detach(), A, D1, D2, dec.detach(), t)
+        cos = (F.normalize(pred, dim=-1) * z).sum(-1)
+        cover = F.adaptive_avg_pool2d(A[:, None], tuple(z.shape[1:3]))[:, 0] >= 0.5
+        v = (cover & (torch.linalg.vector_norm(z, dim=-1) > 0.5)).float()
         return {"sem_cos": (cos * v).sum() / v.sum().clamp_min(1.0),
-                "sem_cos_vcd": (cos * t.weights).sum() / t.weights.sum().clamp_min(1e-12)}
+                "sem_cos_vcd": (cos * w).sum() / w.sum().clamp_min(1e-12)}
 
     def get_metrics_dict(self, outputs, batch) -> Dict[str, Tensor]:
         """splatfacto's; plus the semantic metrics (in training only on the steps the trainer logs)."""
         metrics = super().get_metrics_dict(outputs, batch)
         logged = not self.training or self.step % self.metrics_every == 0
         if logged and "teacher" in batch and "latents" in outputs:
-            metrics.update(self.semantic_metrics(self.semantic_step(outputs), batch))
+            metrics.update(self.semantic_metrics(outputs, batch))
         return metrics
 
     def get_image_metrics_and_images(self, outputs, batch):
         metrics, images = super().get_image_metrics_and_images(outputs, batch)
         if self.config.semantic_eval_metrics and "teacher" in batch and "latents" in outputs:
-            sem = self.semantic_metrics(self.semantic_step(outputs), batch)
+            sem = self.semantic_metrics(outputs, batch)
             metrics.update({k: float(v) for k, v in sem.items()})
             H, W = outputs["latents"].shape[:2]
             t = prepare_map(batch["teacher"].to(self.device), (H, W))

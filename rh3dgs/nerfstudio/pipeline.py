@@ -2,17 +2,19 @@
 
 After the datamanager and the model are built:
 
-* a semantic model (:class:`~rh3dgs.nerfstudio.model.Rh3dgsModel`) gets its teacher maps at its loss
-  resolution: the data manager prepares each camera's map there once (``teacher_size``) and keeps it;
-  for training (``test_mode == "val"``) its decoder (and with ``decoder_init="lift"`` its latents) is
-  initialised from the teacher maps of the training views. Loading a run (viewer, ns-eval, export)
-  skips the initialisation: the checkpoint holds the trained values.
+* a semantic model (:class:`~rh3dgs.nerfstudio.model.Rh3dgsModel`) gets its teacher maps at the size its
+  objective compares them at (the teacher's own grid with ``resolution='teacher'``, else the image size:
+  :meth:`~rh3dgs.nerfstudio.model.Rh3dgsModel.teacher_size`): the data manager prepares each camera's map
+  there once and keeps it; for training (``test_mode == "val"``) its latents and decoder are initialised
+  from the teacher maps of the training views (by default the training-free lift on the initial
+  Gaussians). Loading a run (viewer, ns-eval, export) skips the initialisation: the checkpoint holds the
+  trained values.
 * the plain splatfacto model (``semantics=False``) gets no teacher maps at all: the teacher never runs.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional, Type
+from typing import Callable, Literal, Optional, Tuple, Type
 
 import torch
 
@@ -23,7 +25,7 @@ from .datamanager import Rh3dgsDataManager
 from .model import Rh3dgsModel
 from .splatfacto_cpu import viewmat_from_c2w
 
-__all__ = ["Rh3dgsPipelineConfig", "Rh3dgsPipeline", "train_cameras_as_rh3dgs"]
+__all__ = ["Rh3dgsPipelineConfig", "Rh3dgsPipeline", "train_cameras_as_rh3dgs", "teacher_size_for"]
 
 
 @dataclass
@@ -41,6 +43,19 @@ def train_cameras_as_rh3dgs(ns_cameras) -> Optional[Cameras]:
     return Cameras(viewmats=viewmat_from_c2w(c2w), Ks=K, width=int(w[0]), height=int(h[0]))
 
 
+def teacher_size_for(dm: Rh3dgsDataManager, model: Rh3dgsModel) -> Callable[[Tuple[int, int]], Tuple[int, int]]:
+    """Image size -> the size of ``batch["teacher"]``: the model's comparison size for the dataset's maps
+    (their grid is read from the first training map, once, when the first batch is made)."""
+    shape = []
+
+    def size(image_size: Tuple[int, int]) -> Tuple[int, int]:
+        if not shape:
+            shape.append(tuple(dm.teacher_map("train", 0).shape))
+        return model.teacher_size(image_size, shape[0])
+
+    return size
+
+
 class Rh3dgsPipeline(VanillaPipeline):
     def __init__(self, config: Rh3dgsPipelineConfig, device: str, test_mode: Literal["test", "val", "inference"] = "val",
                  world_size: int = 1, local_rank: int = 0, grad_scaler: Optional[torch.cuda.amp.GradScaler] = None):
@@ -50,10 +65,10 @@ class Rh3dgsPipeline(VanillaPipeline):
         semantic = isinstance(model, Rh3dgsModel)
         if isinstance(dm, Rh3dgsDataManager):
             dm.with_teacher = semantic  # plain splatfacto: the teacher is never run
-            dm.teacher_size = model.semantic_size if semantic else None
+            dm.teacher_size = teacher_size_for(dm, model) if semantic else None
         if semantic and test_mode == "val":
             cams = None
-            if model.config.decoder_init == "lift":
+            if model.config.init == "lift":
                 cams = train_cameras_as_rh3dgs(dm.train_dataset.cameras)
             model.initialize_semantics(dm.teacher_maps("train"), cams)
             model.to(device)
