@@ -64,9 +64,9 @@ class ObjectiveConfig:
     use_vcd: bool = True
     """Weight pixels by VCD reliability (False: uniform on covered pixels with a teacher feature)."""
     vcd: VCDConfig = field(default_factory=VCDConfig.rh3dgs)
-    """VCD settings (:meth:`rh3dgs.vcd.VCDConfig.rh3dgs`: the footprint purity as the edge term, no feature
-    edges: a small object is a feature bump with edges all around, so teacher-feature edges down-weight
-    exactly the views that see it; docs/method.md)."""
+    """VCD settings (:meth:`rh3dgs.vcd.VCDConfig.rh3dgs`: opacity and depth variance, no edge or footprint
+    terms: a small object is a feature bump with edges all around, so teacher-feature edges down-weight
+    exactly the views that see it; docs/method.md section 7)."""
     use_vfm: bool = True
     """Geodesic Huber pixel term + robust Frechet-mean term (False: 1 - cosine)."""
     vfm: Optional[VFMConfig] = None
