@@ -27,9 +27,9 @@ def test_measure_training_both_methods(data, tmp_path):
         assert r["cpu_mean_ms"] > 0 and r["peak_rss_mb"] > 0 and r["gaussians_start"] > 100
     assert base["gaussians_start"] == ours["gaussians_start"]  # the same seed points
     assert base["label"] == "splatfacto (CPU port: rh3dgs model, semantics off)"
-    # the baseline optimises exactly splatfacto's parameter groups; rh3dgs adds latents and decoder
-    assert not {"latents", "decoder"} & set(base["param_groups"])
-    assert set(ours["param_groups"]) == set(base["param_groups"]) | {"latents", "decoder"}
+    # the baseline optimises exactly splatfacto's parameter groups; rh3dgs adds latents, decoder and the background latent
+    assert not {"latents", "decoder", "background_latent"} & set(base["param_groups"])
+    assert set(ours["param_groups"]) == set(base["param_groups"]) | {"latents", "decoder", "background_latent"}
     with pytest.raises(ValueError):
         bench_nstrain.measure_training("nope", data, iters=2, warmup=1)
 

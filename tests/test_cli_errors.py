@@ -158,9 +158,9 @@ def _cases(f, out="OUT"):
         ("image name too long: extract", ["extract", "--data", d["longname"], "--teacher", "tiny-clip",
                                           "--cache", str(R / "cache_long")], [LONG[:40]]),
         # ---- teacher features and models
-        ("NaN in a feature map", ["lift", ply, "--data", d["nanfeat"], "--output", out], ["img0.npy", "pixel (y=1, x=2)"]),
-        ("zero-norm feature map", ["lift", ply, "--data", d["zerofeat"], "--output", out], ["img0.npy"]),
-        ("feature map of the wrong shape", ["lift", ply, "--data", d["featshape"], "--output", out], ["img0.npy"]),
+        ("NaN in a feature map", ["lift", ply, "--data", d["nanfeat"], "--output", out, "--frame", "data"], ["img0.npy", "pixel (y=1, x=2)"]),
+        ("zero-norm feature map", ["lift", ply, "--data", d["zerofeat"], "--output", out, "--frame", "data"], ["img0.npy"]),
+        ("feature map of the wrong shape", ["lift", ply, "--data", d["featshape"], "--output", out, "--frame", "data"], ["img0.npy"]),
         ("features folder missing", ["lift", ply, "--data", d["nofeat"], "--output", out], ["features"]),
         ("1e5 x 1e5 teacher map", ["lift", ply, "--data", d["hugemap"], "--output", out],
          ["img0.npy", "memory estimate"]),
