@@ -10,7 +10,7 @@
   (turbo on the absolute [0, 1] scale, with a titled colour bar) and :func:`highlight`, each panel
   titled (matplotlib, Agg backend: no display needed).
 
->>> sheet = result_sheet(rgb, rel, ["red ball", "blue box"], threshold=0.5, title="frame_00000")  # doctest: +SKIP
+>>> sheet = result_sheet(rgb, rel, ["red ball", "blue box"], title="frame_00000")  # doctest: +SKIP
 >>> atomic_save_png("sheet.png", sheet)                                                            # doctest: +SKIP
 """
 from __future__ import annotations
@@ -19,6 +19,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 import torch
+
+from .query import THRESHOLD
 
 __all__ = ["colorize", "overlay_heatmap", "highlight", "result_sheet", "turbo"]
 
@@ -69,7 +71,7 @@ def _outline(mask: torch.Tensor) -> torch.Tensor:
     return (mask & (eroded[0, 0] < 0.5))
 
 
-def highlight(rgb: torch.Tensor, heat: torch.Tensor, threshold: float = 0.5, strength: float = 0.6,
+def highlight(rgb: torch.Tensor, heat: torch.Tensor, threshold: float = THRESHOLD, strength: float = 0.6,
               background: float = 0.45) -> np.ndarray:
     """[H, W, 3] image, [H, W] heat in [0, 1] -> uint8 [H, W, 3] picture of where ``heat > threshold``.
 
@@ -91,7 +93,7 @@ def highlight(rgb: torch.Tensor, heat: torch.Tensor, threshold: float = 0.5, str
     return (out * 255).round().to(torch.uint8).numpy()
 
 
-def result_sheet(rgb: torch.Tensor, relevancy: torch.Tensor, queries: Sequence[str], threshold: float = 0.5,
+def result_sheet(rgb: torch.Tensor, relevancy: torch.Tensor, queries: Sequence[str], threshold: float = THRESHOLD,
                  title: str = "", dpi: int = 100, panel_inches: float = 3.0) -> np.ndarray:
     """uint8 [H', W', 3] sheet: per query a row (the RGB render, its relevancy, :func:`highlight`).
 

@@ -196,14 +196,14 @@ def test_selection_count_and_tint(pipe, panel):
     m = pipe.model
     i = _best_view(pipe)
     panel.q1_positives.value = "red ball"
-    panel.q3_threshold.value = 0.55
+    panel.q3_threshold.value = 0.52  # not the default; this 32 px lift tops out near 0.55
     out = m.get_outputs_for_camera(_camera(pipe, i))
     pos = _encode(pipe, ["red ball"])
     neg = _encode(pipe, list(C.parse_queries(C.DEFAULT_NEGATIVES)))
-    sel = C.select_gaussians(m.semantic_field().gaussian_relevancy(pos, neg), 0.55)
+    sel = C.select_gaussians(m.semantic_field().gaussian_relevancy(pos, neg), 0.52)
     n = int(sel.sum())
     assert 0 < n < m.num_points
-    assert panel.q6_status.content == (f"**Selection**: {n:,} of {m.num_points:,} Gaussians above 0.55 "
+    assert panel.q6_status.content == (f"**Selection**: {n:,} of {m.num_points:,} Gaussians above 0.52 "
                                        f"for 'red ball'")
     # the tint: composited = overlay blended with magenta by the selected fraction of each pixel
     from rh3dgs.nerfstudio.viewer import SELECTION_TINT_STRENGTH, tint
