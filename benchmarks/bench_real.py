@@ -376,7 +376,6 @@ def fox_part(root: Path, keep: Optional[Path] = None) -> Tuple[Dict, str]:
     rh3dgs export / extract / lift / query / select / export -> ns-export gaussian-splat; a PNG sheet."""
     import json as _json
 
-    import numpy as np
     from PIL import Image
 
     fox = root / "fox"

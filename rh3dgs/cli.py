@@ -299,7 +299,7 @@ def cmd_lift(args) -> int:
     from .io.ply import load_ply
     from .io.scene import save_scene
     from .lifting import LiftConfig, lift
-    from .memory import preflight_lift
+    from .lift_memory import preflight_lift
     from .teachers import default_cache_dir, spec_paths
 
     data = Path(args.data)

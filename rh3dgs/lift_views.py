@@ -22,7 +22,7 @@ allows to keep (budget ``CACHE_BYTES``, ~2 GB):
 * **none** - everything recomputed every pass.
 
 Memory is O(N D + views_per_batch H W D) besides the caches; nothing is O(N x views).
-:func:`rh3dgs.memory.lift_memory_estimate` predicts the plan with the same :func:`cache_plan`.
+:func:`rh3dgs.lift_memory.lift_memory_estimate` predicts the plan with the same :func:`cache_plan`.
 """
 from __future__ import annotations
 
@@ -34,7 +34,6 @@ from torch import Tensor
 
 from .cameras import Cameras
 from .gaussians import Gaussians
-from .memory import CACHE_BYTES
 from .ops import Contributions, aggregate_sphere, aggregate_sphere_replay
 from .ops._backend import has_native_kernel
 from .progress import track
@@ -43,6 +42,9 @@ from .teachers.maps import TeacherMaps, get_map, map_dim, prepare_map
 from .vcd import pixel_weights
 
 __all__ = ["LiftViews", "CachePlan", "cache_plan", "CACHE_BYTES"]
+
+CACHE_BYTES = 2e9
+"""The lift's budget for its caches across passes (bytes; the recorded contributions get half of it)."""
 
 
 

@@ -14,7 +14,7 @@ The algorithm (:func:`lift`):
 3. **IRLS passes** (method "robust": Huber ``delta``; "karcher": delta = inf): each pass accumulates
    sum omega and sum omega Log_mu(z), omega = w min(1, delta / d(mu, z)), and steps
    mu <- Exp_mu(sum omega Log / sum omega), until the 99th percentile of the step angles is below ``tol``.
-4. **Filling**: Gaussians without a feature take their observed 3D neighbours' (:func:`fill_from_neighbours`).
+4. **Filling**: Gaussians without a feature take their observed 3D neighbours' (:func:`rh3dgs.fill.fill_from_neighbours`).
 5. **Decoder**: uncentred weighted PCA of the features (:func:`pca_decoder`): latents and a linear decoder.
 
 Each pass is one call of :meth:`rh3dgs.lift_views.LiftViews.aggregate`, which streams the views (teacher
@@ -30,15 +30,17 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import torch
 from torch import Tensor
 
 from .cameras import Cameras
 from .errors import ConfigError
+from .fill import fill_from_neighbours
 from .gaussians import Gaussians
 from .lift_views import LiftViews
+from .sphere import sphere_exp_
 from .teachers.maps import TeacherMaps
 from .vcd import VCDConfig
 
@@ -111,7 +113,7 @@ class LiftConfig:
     max_batch_gaussians: int = 4_000_000
     """Upper bound on views x Gaussians projected together: views_per_batch is lowered for scenes
     of more than max_batch_gaussians / views_per_batch Gaussians (the CPU projection holds
-    ~200 bytes per (view, Gaussian) pair while it runs; see rh3dgs.memory)."""
+    ~200 bytes per (view, Gaussian) pair while it runs; see rh3dgs.lift_memory)."""
 
     def __post_init__(self) -> None:
         if self.method not in ("robust", "karcher", "euclidean"):
@@ -153,68 +155,6 @@ class LiftResult:
         from .field import SemanticField
 
         return SemanticField(self.latents, self.decoder, self.valid, self.filled)
-
-
-def fill_from_neighbours(means: Tensor, colors: Tensor, features: Tensor, observed: Tensor, k: int = 16,
-                         color_sigma: float = 0.1, radius: Optional[float] = None) -> Tuple[Tensor, Tensor]:
-    """Features for the Gaussians without one, from their observed 3D neighbours.
-
-    For every Gaussian i with ``observed[i] = False``, its ``k`` nearest observed Gaussians j within
-    ``radius`` (scipy ``cKDTree``) vote with weight ``exp(-|c_i - c_j|^2 / (2 sigma_c^2)) / (d_ij + eps)``
-    (colour similarity over distance, so that the floor under a box takes the floor's feature and the
-    box's underside the box's): ``f_i = normalize(sum_j w_j f_j)``. Gaussians with no observed neighbour in
-    ``radius`` stay without a feature.
-
-    Args:
-        means [N, 3], colors [N, 3] in [0, 1], features [N, D] unit rows, observed [N] bool.
-    Returns:
-        ``(features [N, D], filled [N] bool)``: observed rows unchanged, filled rows set.
-
-    >>> import torch
-    >>> m = torch.tensor([[0., 0, 0], [1., 0, 0], [0.1, 0, 0]]); c = torch.zeros(3, 3)
-    >>> f = torch.tensor([[1., 0], [0., 1], [0., 0]]); obs = torch.tensor([True, True, False])
-    >>> fill_from_neighbours(m, c, f, obs, k=2, radius=2.0)[0][2]   # nearer to Gaussian 0
-    tensor([0.9939, 0.1104])
-    """
-    from scipy.spatial import cKDTree
-
-    N = features.shape[0]
-    filled = torch.zeros(N, dtype=torch.bool, device=features.device)
-    todo = torch.nonzero(~observed).flatten()
-    src = torch.nonzero(observed).flatten()
-    if len(todo) == 0 or len(src) == 0:
-        return features, filled
-    pts = means.detach().double().cpu().numpy()
-    if radius is None:
-        lo, hi = torch.quantile(means.detach().double().cpu(), torch.tensor([0.02, 0.98], dtype=torch.float64), dim=0)
-        radius = 0.1 * float(torch.linalg.vector_norm(hi - lo))
-    kk = min(int(k), len(src))
-    dist, j = cKDTree(pts[src.cpu().numpy()]).query(pts[todo.cpu().numpy()], k=kk, distance_upper_bound=radius)
-    dist, j = torch.from_numpy(dist.reshape(len(todo), kk)), torch.from_numpy(j.reshape(len(todo), kk))
-    ok = torch.isfinite(dist)  # missing neighbours: inf distance, index len(src)
-    jj = src.cpu()[j.clamp_max(len(src) - 1)]
-    col = colors.detach().double().cpu()
-    dc2 = ((col[jj] - col[todo.cpu()][:, None]) ** 2).sum(-1)
-    w = torch.exp(-dc2 / (2.0 * color_sigma ** 2)) / (dist.clamp_max(1e30) + 1e-6 * max(radius, 1e-12))
-    w = torch.where(ok, w, torch.zeros_like(w)).to(features.dtype).to(features.device)
-    acc = (w[..., None] * features[jj.to(features.device)]).sum(1)
-    n = torch.linalg.vector_norm(acc, dim=-1)
-    got = n > 0
-    out = features.clone()
-    out[todo[got]] = acc[got] / n[got, None]
-    filled[todo[got]] = True
-    return out, filled
-
-
-def _sphere_exp_(mu: Tensor, v: Tensor) -> Tensor:
-    """:func:`rh3dgs.sphere.sphere_exp` computed in the memory of ``mu`` and ``v`` (both overwritten;
-    the same operations, so the same bits). Returns ``mu``."""
-    n = torch.linalg.vector_norm(v, dim=-1, keepdim=True)
-    big = n > math.sqrt(torch.finfo(v.dtype).eps)
-    n_safe = torch.where(big, n, torch.ones_like(n))
-    sinc = torch.where(big, torch.sin(n) / n_safe, 1.0 - n * n / 6.0)
-    mu.mul_(torch.cos(n)).add_(v.mul_(sinc))
-    return mu.div_(torch.linalg.vector_norm(mu, dim=-1, keepdim=True).clamp_min(torch.finfo(mu.dtype).tiny))
 
 
 def pca_decoder(features: Tensor, weight: Tensor, d: int) -> tuple:
@@ -268,7 +208,7 @@ def lift(
             step = acc_v.div_(acc_w.clamp_min(1e-12)[:, None]).mul_(valid[:, None])  # in place: N x D floats each
             del acc_v
             norms = step.norm(dim=-1)[valid]
-            mu = _sphere_exp_(mu, step).mul_(valid[:, None])
+            mu = sphere_exp_(mu, step).mul_(valid[:, None])
             q_step = float(torch.quantile(norms[:1_000_000], cfg.tol_quantile)) if norms.numel() else 0.0
             steps.append(q_step)
             if q_step < cfg.tol:

@@ -39,6 +39,7 @@ __all__ = [
     "huber_weight",
     "tangent_log",
     "sphere_exp",
+    "sphere_exp_",
     "robust_frechet_mean",
 ]
 
@@ -174,6 +175,17 @@ def sphere_exp(mu: Tensor, v: Tensor) -> Tensor:
     n_safe = torch.where(big, n, torch.ones_like(n))
     sinc = torch.where(big, torch.sin(n) / n_safe, 1.0 - n * n / 6.0)
     return _normalize(torch.cos(n) * mu + sinc * v)
+
+
+def sphere_exp_(mu: Tensor, v: Tensor) -> Tensor:
+    """:func:`sphere_exp` computed in the memory of ``mu`` and ``v`` (both overwritten;
+    the same operations, so the same bits). Returns ``mu``."""
+    n = torch.linalg.vector_norm(v, dim=-1, keepdim=True)
+    big = n > _small(v.dtype)
+    n_safe = torch.where(big, n, torch.ones_like(n))
+    sinc = torch.where(big, torch.sin(n) / n_safe, 1.0 - n * n / 6.0)
+    mu.mul_(torch.cos(n)).add_(v.mul_(sinc))
+    return mu.div_(torch.linalg.vector_norm(mu, dim=-1, keepdim=True).clamp_min(torch.finfo(mu.dtype).tiny))
 
 
 # --------------------------------------------------------------------------------------

@@ -11,8 +11,8 @@ import pytest
 from PIL import Image
 
 from rh3dgs.errors import ConfigError, MemoryLimitError
-from rh3dgs.memory import (format_bytes, lift_memory_estimate, memory_budget, memory_limit, parse_size,
-                           preflight_lift)
+from rh3dgs.lift_memory import lift_memory_estimate, preflight_lift
+from rh3dgs.memory import format_bytes, memory_budget, memory_limit, parse_size
 
 from _scenes import random_lift_scene
 
@@ -42,8 +42,8 @@ def test_parse_size_and_budget(monkeypatch):
                                     {"max_batch_gaussians": 500}])
 def test_lift_estimate_follows_lifting_rules(cfg_kw):
     """The estimate predicts the cache and batch size the lift actually uses (lifting.py's rules)."""
+    from rh3dgs import lift_memory as memory
     from rh3dgs import lift_views
-    from rh3dgs import memory
     from rh3dgs.lifting import LiftConfig, lift
 
     assert memory._CACHE_BYTES == lift_views.CACHE_BYTES

@@ -348,7 +348,6 @@ def test_ns_train_trains_the_field_distill_trains(tmp_path):
     from rh3dgs.distill import DistillConfig, distill
     from rh3dgs.eval.scoring import score_views
     from rh3dgs.field import SemanticField
-    from rh3dgs.nerfstudio.config import rh3dgs_lite_config
     from rh3dgs.nerfstudio.pipeline import train_cameras_as_rh3dgs
     from rh3dgs.rendering import render
 

@@ -59,7 +59,7 @@ def comparisons(runs: List[dict], rows: Sequence[str]) -> List[dict]:
     """Every comparison of :data:`rh3dgs.eval.suite.COMPARISONS` whose rows ran, plus the 3D filling, as dicts
     ``{label, method, baseline, overall: {metric: PairedDifference}, by_teacher: {preset: {metric: ...}},
     by_kind: {kind: {metric: ...}}}``."""
-    from .suite import COMPARISONS, LIFT_OURS
+    from .rows import COMPARISONS, LIFT_OURS
 
     teachers = sorted({r["teacher"] for r in runs})
     kinds = sorted({_kind(t) for t in teachers})
@@ -153,7 +153,7 @@ def worst_classes(runs: List[dict], rows: Sequence[str], n: int = 10) -> List[di
 
 def suite_markdown(summary: Dict[str, object], image_prefix: str = "") -> str:
     from .scoring import __doc__ as scoring_doc
-    from .suite import LIFT_OURS, TEACHER_PRESETS, TRAINED_OURS
+    from .rows import LIFT_OURS, TEACHER_PRESETS, TRAINED_OURS
 
     cfg = summary["config"]
     rows, runs = summary["rows"], summary["runs"]
@@ -231,7 +231,7 @@ def _plots(out: Path, comps: List[dict], runs: List[dict], rows: Sequence[str]) 
     import matplotlib.pyplot as plt
 
     from ..io.atomic import atomic_write
-    from .suite import LIFT_OURS, TRAINED_OURS
+    from .rows import LIFT_OURS, TRAINED_OURS
 
     names = []
     if comps:

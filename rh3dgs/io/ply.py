@@ -496,7 +496,7 @@ def _extra_column(path: Path, name: str, t: torch.Tensor, n: int, plain: bool = 
     a = _np(t)
     if plain:  # every column a PLY float: what readers that assume float columns (gsply) need
         if a.dtype.kind in "iub" and a.size and np.abs(a.astype(np.float64)).max() > _F32_EXACT_INT:
-            raise PlyFormatError(path, f"integer values beyond 2^24 cannot be written exactly as float in a plain "
+            raise PlyFormatError(path, "integer values beyond 2^24 cannot be written exactly as float in a plain "
                                        "3DGS PLY; drop the property or save with plain=False", field=name)
         return a.astype(np.float32)
     if a.dtype == np.bool_:

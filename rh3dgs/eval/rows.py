@@ -1,0 +1,57 @@
+"""What the synthetic suite compares: its simulated teachers, its rows (methods) and the paired comparisons.
+
+Read by the suite runner (:mod:`rh3dgs.eval.suite`) and its reports (:mod:`rh3dgs.eval.report`).
+
+>>> from rh3dgs.eval.rows import COMPARISONS, SUITE_ROWS
+>>> rows = {name for name, _, _ in SUITE_ROWS}
+>>> all(m in rows and b in rows for _, m, b in COMPARISONS)
+True
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Tuple
+
+__all__ = ["TEACHER_PRESETS", "LIFT_OURS", "TRAINED_OURS", "SUITE_ROWS", "COMPARISONS"]
+
+#: Simulated teachers (name -> (kind, config overrides)); kind "clip" = :class:`TeacherSimConfig`
+#: (patch-pooled dense CLIP), "sam" = :class:`MaskTeacherSimConfig` (one CLIP embedding per SAM mask).
+#: "moderate" is each simulator's default; "strong" was chosen (before scoring any method) as a coarser
+#: ViT grid with context blur and 3x the failures / noise, and for masks 2-3x the merges, splits, misses,
+#: recognition failures, context and boundary jitter.
+TEACHER_PRESETS: Dict[str, Tuple[str, Dict[str, object]]] = {
+    "clip-moderate": ("clip", {}),
+    "clip-strong": ("clip", dict(patch_size=12, context_sigma=0.5, view_failure_rate=0.15, noise_deg=10.0,
+                                 outlier_fraction=0.03, occlusion_contamination=0.7)),
+    "sam-moderate": ("sam", {}),
+    "sam-strong": ("sam", dict(merge_rate=0.25, split_rate=0.2, miss_rate=0.1, failure_rate=0.2, context=0.3,
+                               noise_deg=10.0, edge_jitter_px=2.0)),
+}
+
+LIFT_OURS = "robust lift + VCD (ours, training-free)"
+TRAINED_OURS = "Rh-3DGS trained: VCD + VFM + LIC (ours)"
+
+#: (row name, kind, settings): "lift" rows take LiftConfig fields, "distill" rows ObjectiveConfig fields
+#: (every trained row starts from the LIFT_OURS lift of the same pair).
+SUITE_ROWS: List[Tuple[str, str, dict]] = [
+    ("Euclidean lift (LUDVIG-style)", "lift", dict(method="euclidean", use_vcd=False)),
+    ("Euclidean lift + VCD", "lift", dict(method="euclidean")),
+    ("robust lift, no VCD", "lift", dict(use_vcd=False)),
+    (LIFT_OURS, "lift", dict()),
+    ("cosine distillation (no VCD, VFM, LIC)", "distill", dict(use_vcd=False, use_vfm=False, use_lic=False)),
+    (TRAINED_OURS, "distill", dict()),
+    ("trained without VCD", "distill", dict(use_vcd=False)),
+    ("trained without VFM", "distill", dict(use_vfm=False)),
+    ("trained without LIC", "distill", dict(use_lic=False)),
+]
+
+#: (what is measured, method row, baseline row): reported as paired differences method - baseline.
+COMPARISONS: List[Tuple[str, str, str]] = [
+    ("robust lift + VCD vs Euclidean lift", LIFT_OURS, "Euclidean lift (LUDVIG-style)"),
+    ("VCD in the lift", LIFT_OURS, "robust lift, no VCD"),
+    ("robust mean in the lift", LIFT_OURS, "Euclidean lift + VCD"),
+    ("trained vs the lift it starts from", TRAINED_OURS, LIFT_OURS),
+    ("VCD in training", TRAINED_OURS, "trained without VCD"),
+    ("VFM in training", TRAINED_OURS, "trained without VFM"),
+    ("LIC in training", TRAINED_OURS, "trained without LIC"),
+    ("trained vs cosine distillation", TRAINED_OURS, "cosine distillation (no VCD, VFM, LIC)"),
+]
