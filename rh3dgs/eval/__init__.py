@@ -1,56 +1,8 @@
 """Evaluation: segmentation metrics (:mod:`.metrics`) and benchmark protocols (:mod:`.protocols`)."""
 from __future__ import annotations
 
-from .metrics import (
-    boundary_band,
-    boundary_dilation,
-    boundary_iou,
-    confusion_matrix,
-    iou,
-    macc,
-    macc_3d,
-    mbiou,
-    miou,
-    miou_3d,
-    per_class_accuracy,
-    per_class_iou,
-    pixel_accuracy,
-    semantic_miou,
-)
-from .protocols import (
-    LERF_OVS_THRESHOLD,
-    box_filter,
-    lerf_ovs_iou,
-    lerf_ovs_mask,
-    lerf_ovs_normalize,
-    lerf_ovs_smooth,
-    localization_accuracy,
-    majority_filter,
-    ovs3d_eval,
-)
+from . import metrics, protocols
+from .metrics import *  # noqa: F401,F403  every metric
+from .protocols import *  # noqa: F401,F403  every benchmark protocol
 
-__all__ = [
-    "iou",
-    "miou",
-    "boundary_band",
-    "boundary_dilation",
-    "boundary_iou",
-    "mbiou",
-    "pixel_accuracy",
-    "confusion_matrix",
-    "per_class_iou",
-    "per_class_accuracy",
-    "semantic_miou",
-    "macc",
-    "miou_3d",
-    "macc_3d",
-    "localization_accuracy",
-    "LERF_OVS_THRESHOLD",
-    "box_filter",
-    "lerf_ovs_smooth",
-    "lerf_ovs_normalize",
-    "majority_filter",
-    "lerf_ovs_mask",
-    "lerf_ovs_iou",
-    "ovs3d_eval",
-]
+__all__ = [*metrics.__all__, *protocols.__all__]
