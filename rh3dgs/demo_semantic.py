@@ -61,7 +61,7 @@ def run(scene, out: Path, args) -> str:
     for label in DEMO_ROWS:
         t = time.perf_counter()
         if label == BASELINE:
-            res = lift(scene.gaussians, train, maps, LiftConfig(method="euclidean", use_vcd=False))
+            res = lift(scene.gaussians, train, maps, LiftConfig(method="euclidean", use_vcd=False, guided=False))
         elif label == DEMO_ROWS[1]:
             res = lift(scene.gaussians, train, maps, LiftConfig())
             robust = res

@@ -132,8 +132,8 @@ def lift_memory_estimate(n: int, views: int, height: int, width: int, dim: int, 
     t = threads or torch.get_num_threads()
     vpb = int(views_per_batch if views_per_batch is not None else _opt(cfg, "views_per_batch", 8))
     mbg = int(max_batch_gaussians if max_batch_gaussians is not None else _opt(cfg, "max_batch_gaussians", 4_000_000))
-    plan = cache_plan(n, views, height, width, dim,
-                      _Overrides(cfg, LiftConfig(), views_per_batch=vpb, max_batch_gaussians=mbg), torch.device(device))
+    eff = _Overrides(cfg, LiftConfig(), views_per_batch=vpb, max_batch_gaussians=mbg)
+    plan = cache_plan(n, views, height, width, dim, eff, torch.device(device))
     per_batch = plan.views_per_batch
     b = max(1, min(per_batch, views))
     hw = height * width
@@ -143,6 +143,9 @@ def lift_memory_estimate(n: int, views: int, height: int, width: int, dim: int, 
         "batch_projections": b * n * 200,
         "batch_teacher_maps": b * hw * dim * 4,
         "batch_temporaries": b * hw * (dim * 4 + 64),
+        # guided upsampling of a map (one view at a time): its output, the prepared copy and one row block's
+        # gathered cells (at most 2^24 floats, at least one row)
+        "guided_upsampling": 4 * (2 * hw * dim + min(hw * dim, max(width * dim, 1 << 24))) if eff.guided else 0,
     }
     streaming = sum(detail.values())
     detail["batch_views"] = b
@@ -159,7 +162,7 @@ def lift_memory_estimate(n: int, views: int, height: int, width: int, dim: int, 
 def _detail_text(est: MemoryEstimate) -> str:
     d = est.detail
     parts = [f"{format_bytes(d['gaussian_state'] + d['thread_accumulators'])} per-Gaussian state",
-             f"{format_bytes(d['batch_teacher_maps'] + d['batch_temporaries'])} for a batch of "
+             f"{format_bytes(d['batch_teacher_maps'] + d['batch_temporaries'] + d['guided_upsampling'])} for a batch of "
              f"{d['batch_views']} teacher map(s) and their temporaries",
              f"{format_bytes(d['batch_projections'])} projections"]
     if est.cache == "full":

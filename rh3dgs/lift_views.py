@@ -38,7 +38,7 @@ from .ops import Contributions, aggregate_sphere, aggregate_sphere_replay
 from .ops._backend import has_native_kernel
 from .progress import track
 from .rendering import Projection, render
-from .teachers.maps import TeacherMaps, get_map, map_dim, prepare_map
+from .teachers.maps import TeacherMaps, get_map, guided_upsample, map_dim, prepare_map
 from .vcd import pixel_weights
 
 __all__ = ["LiftViews", "CachePlan", "cache_plan", "CACHE_BYTES"]
@@ -104,9 +104,11 @@ class _CompactView:
     view: int
     maps: Optional[Tensor] = None  # the teacher map as given [h, w, D] or, if smaller, prepared [1, H, W, D]
     maps_prepared: bool = False
+    guide: Optional[Tensor] = None  # [H, W, 3] the view's rendered colours (guided upsampling of a map as given)
 
     def nbytes(self) -> int:
         ts = [self.gids, self.means2d, self.conics, self.opacities, self.offsets, self.flatten_ids, self.weights]
+        ts += [self.guide] if self.guide is not None else []
         return sum(t.numel() * t.element_size() for t in ts)
 
 
@@ -181,24 +183,32 @@ class LiftViews:
         self.recorded_bytes = self.cached_bytes = 0
         self.kept: List[int] = []
         self._raws: List[Tensor] = []  # the maps of the chunk just rendered, as given (for the compact cache)
+        self._guide: Optional[Tensor] = None  # [b, H, W, 3] its rendered colours (guided upsampling; else None)
         self._ones = torch.ones(self.N, 1, device=self.dev)
 
     # ------------------------------------------------------------------ views
-    def get_maps(self, idx: List[int], raws: Optional[List[Tensor]] = None) -> Tensor:
-        """[b, H, W, D] unit maps of views idx (``raws``: also collect the maps as given)."""
+    def get_maps(self, idx: List[int], raws: Optional[List[Tensor]] = None, guide: Optional[Tensor] = None) -> Tensor:
+        """[b, H, W, D] unit maps of views idx (``raws``: also collect the maps as given; ``guide``: [b, H, W, 3]
+        colours for the guided upsampling of maps coarser than the render)."""
         out = []
-        for i in idx:
+        for b, i in enumerate(idx):
             m = get_map(self.teacher_maps, i)
             if self.footprint is None:  # a map coarser than the render: each cell describes a footprint of pixels
                 h, w = m.shape[:2]
                 self.footprint = max(self.H / h, self.W / w) if (h < self.H or w < self.W) else 0.0
             if raws is not None:
                 raws.append(m)
-            out.append(prepare_map(m, (self.H, self.W), i))
+            out.append(self._prepare(m, i, None if guide is None else guide[b]))
         return torch.stack(out).to(self.dev)
 
+    def _prepare(self, m: Tensor, view: int, guide: Optional[Tensor]) -> Tensor:
+        """A map as given -> [H, W, D] unit rows: guided by the view's colours when coarser than the render."""
+        if guide is not None and tuple(m.shape[:2]) != (self.H, self.W):
+            m = guided_upsample(prepare_map(m, tuple(m.shape[:2]), view).to(self.dev), guide, self.cfg.guide_sigma_color)
+        return prepare_map(m, (self.H, self.W), view)
+
     def _view_map(self, v: _CompactView) -> Tensor:
-        return v.maps if v.maps_prepared else prepare_map(v.maps, (self.H, self.W), v.view)[None].to(self.dev)
+        return v.maps if v.maps_prepared else self._prepare(v.maps, v.view, v.guide)[None].to(self.dev)
 
     def view_chunk(self, ci: int):
         """(projection, pixel weights [b,H,W], teacher maps [b,H,W,D]) of chunk ci."""
@@ -206,9 +216,10 @@ class LiftViews:
             return self.cached[ci]
         cfg, idx = self.cfg, self.chunks[ci]
         self._raws.clear()
-        maps = self.get_maps(idx, self._raws if self.plan.cache == "compact" else None)
         with torch.no_grad():
-            r = render(self.gaussians, self.cameras[idx], self._ones, rgb=False, tile_size=cfg.tile_size)
+            r = render(self.gaussians, self.cameras[idx], self._ones, rgb=cfg.guided, tile_size=cfg.tile_size)
+        self._guide = r.rgb
+        maps = self.get_maps(idx, self._raws if self.plan.cache == "compact" else None, r.rgb)
         w = pixel_weights(r.alpha, r.d1, r.d2, maps, use_vcd=cfg.use_vcd, vcd=cfg.vcd, min_coverage=cfg.min_coverage,
                           footprint=self.footprint)
         if self.plan.cache == "full":
@@ -218,6 +229,8 @@ class LiftViews:
     def _compact_chunk(self, ci: int, proj: Projection, w: Tensor, maps: Tensor) -> None:
         """First pass, compact mode: keep chunk ci's compact views if they fit in the budget."""
         views = [_compact_view(proj, b, self.N, w[b:b + 1].clone(), i) for b, i in enumerate(self.chunks[ci])]
+        for b, v in enumerate(views):
+            v.guide = None if self._guide is None else self._guide[b].clone()
         nb = sum(v.nbytes() for v in views)
         if self.cached_bytes + nb > CACHE_BYTES:
             return  # recomputed in every pass
@@ -255,8 +268,9 @@ class LiftViews:
                 continue
             if ci in self.compacts:
                 views = self.compacts[ci]
+                guide = None if views[0].guide is None else torch.stack([v.guide for v in views])
                 self._add_compact(sums, views, None if all(v.maps is not None for v in views)
-                                  else self.get_maps(self.chunks[ci]), mu, delta, mode)
+                                  else self.get_maps(self.chunks[ci], guide=guide), mu, delta, mode)
                 continue
             proj, w, maps = self.view_chunk(ci)
             if mode == "init" and self.plan.cache == "compact":

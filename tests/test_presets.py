@@ -23,7 +23,7 @@ def test_robust_preset_equals_the_defaults():
 
 def test_euclidean_preset_is_the_baseline():
     cfg = load_preset(ROOT / "configs" / "lift-euclidean.yaml", LiftConfig)
-    assert cfg.method == "euclidean" and cfg.use_vcd is False
+    assert cfg.method == "euclidean" and cfg.use_vcd is False and cfg.guided is False
 
 
 @pytest.mark.parametrize("text,match", [

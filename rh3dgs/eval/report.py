@@ -56,7 +56,7 @@ def paired(runs: List[dict], method: str, baseline: str, metric: str,
 
 
 def comparisons(runs: List[dict], rows: Sequence[str]) -> List[dict]:
-    """Every comparison of :data:`rh3dgs.eval.suite.COMPARISONS` whose rows ran, plus the 3D filling, as dicts
+    """Every comparison of :data:`rh3dgs.eval.rows.COMPARISONS` whose rows ran, plus the 3D filling, as dicts
     ``{label, method, baseline, overall: {metric: PairedDifference}, by_teacher: {preset: {metric: ...}},
     by_kind: {kind: {metric: ...}}}``."""
     from .rows import COMPARISONS, LIFT_OURS

@@ -33,9 +33,10 @@ TRAINED_OURS = "Rh-3DGS trained: VCD + VFM + LIC (ours)"
 #: (row name, kind, settings): "lift" rows take LiftConfig fields, "distill" rows ObjectiveConfig fields
 #: (every trained row starts from the LIFT_OURS lift of the same pair).
 SUITE_ROWS: List[Tuple[str, str, dict]] = [
-    ("Euclidean lift (LUDVIG-style)", "lift", dict(method="euclidean", use_vcd=False)),
+    ("Euclidean lift (LUDVIG-style)", "lift", dict(method="euclidean", use_vcd=False, guided=False)),
     ("Euclidean lift + VCD", "lift", dict(method="euclidean")),
     ("robust lift, no VCD", "lift", dict(use_vcd=False)),
+    ("robust lift + VCD, bilinear maps", "lift", dict(guided=False)),
     (LIFT_OURS, "lift", dict()),
     ("cosine distillation (no VCD, VFM, LIC)", "distill", dict(use_vcd=False, use_vfm=False, use_lic=False)),
     (TRAINED_OURS, "distill", dict()),
@@ -49,6 +50,7 @@ COMPARISONS: List[Tuple[str, str, str]] = [
     ("robust lift + VCD vs Euclidean lift", LIFT_OURS, "Euclidean lift (LUDVIG-style)"),
     ("VCD in the lift", LIFT_OURS, "robust lift, no VCD"),
     ("robust mean in the lift", LIFT_OURS, "Euclidean lift + VCD"),
+    ("guided upsampling in the lift", LIFT_OURS, "robust lift + VCD, bilinear maps"),
     ("trained vs the lift it starts from", TRAINED_OURS, LIFT_OURS),
     ("VCD in training", TRAINED_OURS, "trained without VCD"),
     ("VFM in training", TRAINED_OURS, "trained without VFM"),

@@ -38,7 +38,7 @@ from torch import Tensor
 from ..errors import ConfigError, NonFiniteError, ShapeError
 from .cache import extract_features, read_cached
 
-__all__ = ["TeacherMaps", "get_map", "map_dim", "prepare_map", "prepare_maps", "upsample_features", "load_cached",
+__all__ = ["TeacherMaps", "get_map", "map_dim", "prepare_map", "prepare_maps", "guided_upsample", "upsample_features", "load_cached",
            "DEFAULT_CACHE_DIRNAME", "default_cache_dir", "DatasetMaps", "dataset_maps"]
 
 PathLike = Union[str, Path]
@@ -83,6 +83,69 @@ def prepare_map(m: Tensor, size: Tuple[int, int], view: Optional[int] = None) ->
         m = m.clone()  # normalised in place below; the caller's map stays as it was
     n = torch.linalg.vector_norm(m, dim=-1, keepdim=True)
     return m.mul_(torch.where(n > 1e-8, 1.0 / n.clamp_min(1e-8), 0.0))  # unit rows, zero rows stay zero
+
+
+def guided_upsample(m: Tensor, guide: Tensor, sigma_color: float = 0.05, sigma_space: float = 0.75,
+                    radius: int = 1) -> Tensor:
+    """Joint bilateral upsampling of a coarse map ``[h, w, D]`` to the guide's ``[H, W]`` (Kopf et al. 2007).
+
+    A coarse cell describes everything in its footprint (a ViT patch), so bilinear upsampling paints a
+    halo of an object's feature over its neighbours' pixels. Here each pixel p takes the cells q of the
+    ``(2 radius + 1)^2`` neighbourhood of its own cell, weighted by distance and by how well the colour of
+    p matches the mean colour of q's footprint:
+
+        f(p) = normalize( sum_q  exp(-|p - c_q|^2 / (2 sigma_s^2)) exp(-|I(p) - Ibar_q|^2 / (2 sigma_c^2)) m_q )
+
+    (``|p - c_q|`` in cells, colours in [0, 1]; zero cells carry no weight; the weights are taken relative
+    to each pixel's best cell, so a pixel whose colour matches no cell still gets the nearest cells'
+    blend). A floor pixel next to a ball takes the floor cells around it rather than the cell it shares
+    with the ball. Temporaries are bounded by processing the rows in blocks.
+
+    Args:
+        m: [h, w, D] map (any rows; zero rows = no feature); guide: [H, W, 3] image in [0, 1], H >= h, W >= w.
+    Returns:
+        [H, W, D] float32 unit rows (zero where no cell with a feature is in reach).
+
+    >>> import torch
+    >>> m = torch.tensor([[[1., 0.], [0., 1.]]])           # 1 x 2 cells: left "a", right "b"
+    >>> guide = torch.zeros(1, 8, 3); guide[:, 3:] = 1.0   # the colour edge is at pixel 3, not at the cell edge 4
+    >>> out = guided_upsample(m, guide)
+    >>> bool(out[0, 3, 1] > out[0, 3, 0])                   # pixel 3 has b's colour: it takes b's feature
+    True
+    """
+    h, w, D = m.shape
+    H, W = int(guide.shape[0]), int(guide.shape[1])
+    m, guide = m.float(), guide.float().to(m.device)
+    # mean colour of each cell's footprint, and each pixel's position in cell units and its own cell
+    gbar = F.adaptive_avg_pool2d(guide.permute(2, 0, 1)[None], (h, w))[0].permute(1, 2, 0)  # [h, w, 3]
+    py = (torch.arange(H, device=m.device, dtype=torch.float32) + 0.5) * h / H - 0.5
+    px = (torch.arange(W, device=m.device, dtype=torch.float32) + 0.5) * w / W - 0.5
+    cy, cx = py.round().long().clamp(0, h - 1), px.round().long().clamp(0, w - 1)
+    has = torch.linalg.vector_norm(m, dim=-1) > 1e-8  # [h, w]
+    offsets = [(dy, dx) for dy in range(-radius, radius + 1) for dx in range(-radius, radius + 1)]
+    out = torch.zeros(H, W, D, device=m.device)
+    rows = max(1, (1 << 24) // max(1, W * D))  # row blocks: [rows, W, D] temporaries of <= 64 MB
+    for y0 in range(0, H, rows):
+        ys = slice(y0, min(H, y0 + rows))
+        logits, cells = [], []
+        for dy, dx in offsets:
+            qy, qx = cy[ys] + dy, cx + dx
+            ok = ((qy >= 0) & (qy < h))[:, None] & ((qx >= 0) & (qx < w))[None, :]
+            qy, qx = qy.clamp(0, h - 1), qx.clamp(0, w - 1)
+            ok = ok & has[qy][:, qx]
+            d2 = (py[ys] - qy.float())[:, None] ** 2 + (px - qx.float())[None, :] ** 2
+            c2 = ((guide[ys] - gbar[qy][:, qx]) ** 2).sum(-1)
+            lg = -d2 / (2 * sigma_space ** 2) - c2 / (2 * sigma_color ** 2)
+            logits.append(torch.where(ok, lg, torch.full_like(lg, -torch.inf)))
+            cells.append((qy, qx))
+        # relative to each pixel's best cell: the kernel never underflows to "no feature" (the normalisation
+        # below cancels the common factor)
+        top = torch.stack(logits).amax(0)
+        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+        for lg, (qy, qx) in zip(logits, cells):
+            out[ys].addcmul_(torch.exp(lg - top)[..., None], m[qy][:, qx])
+    n = torch.linalg.vector_norm(out, dim=-1, keepdim=True)
+    return out.mul_(torch.where(n > 1e-8, 1.0 / n.clamp_min(1e-8), 0.0))
 
 
 def prepare_maps(teacher_maps: TeacherMaps, views: Sequence[int], size: Tuple[int, int],
