@@ -127,6 +127,7 @@ def _reference_guided(m, guide, sc, ss, r):
     H, W = guide.shape[:2]
     gbar = torch.nn.functional.adaptive_avg_pool2d(guide.permute(2, 0, 1)[None], (h, w))[0].permute(1, 2, 0)
     out = torch.zeros(H, W, D, dtype=torch.float64)
+    support = torch.zeros(H, W, dtype=torch.float64)
     for y in range(H):
         for x in range(W):
             py, px = (y + 0.5) * h / H - 0.5, (x + 0.5) * w / W - 0.5
@@ -137,6 +138,8 @@ def _reference_guided(m, guide, sc, ss, r):
                         wgt = np.exp(-((py - qy) ** 2 + (px - qx) ** 2) / (2 * ss ** 2)
                                      - float(((guide[y, x] - gbar[qy, qx]) ** 2).sum()) / (2 * sc ** 2))
                         out[y, x] += wgt * m[qy, qx].double()
+                        support[y, x] += wgt
+    out[support < 1e-8] = 0  # no nearby cell of this pixel's colour: no feature
     return torch.nn.functional.normalize(out, dim=-1).float()
 
 
@@ -149,7 +152,10 @@ def test_guided_upsample_matches_its_formula():
     guide = torch.rand(12, 14, 3, generator=g)
     out = guided_upsample(m, guide, sigma_color=0.2, sigma_space=0.8, radius=1)
     assert out.shape == (12, 14, 5)
-    assert torch.allclose(out, _reference_guided(m, guide, 0.2, 0.8, 1), atol=1e-5)
+    ref = _reference_guided(m, guide, 0.2, 0.8, 1)
+    assert torch.allclose(out, ref, atol=1e-5)
+    guide[5, 6] = torch.tensor([5.0, -5.0, 5.0])  # a colour no cell has: no feature
+    assert float(guided_upsample(m, guide, sigma_color=0.2, sigma_space=0.8)[5, 6].abs().max()) == 0.0
 
 
 def test_guided_upsample_removes_the_patch_halo():
