@@ -323,6 +323,7 @@ def cmd_lift(args) -> int:
         given = {k: getattr(args, k) for k in ("delta", "iters", "latent_dim", "views_per_batch")
                  if getattr(args, k) is not None}  # the rest: LiftConfig's defaults, written once there
         cfg = LiftConfig(method=args.method, use_vcd=not args.no_vcd, **given)
+        cfg.guided = cfg.guided and not args.no_guided
     if args.streaming:
         cfg.cache_projections, cfg.compact_cache = False, False
 
@@ -469,6 +470,8 @@ def build_parser() -> argparse.ArgumentParser:
     li.add_argument("--output", required=True, help="semantic scene folder to write")
     li.add_argument("--method", default="robust", choices=["robust", "karcher", "euclidean"])
     li.add_argument("--no-vcd", action="store_true", help="uniform pixel weights (ablation)")
+    li.add_argument("--no-guided", action="store_true", help="bilinear upsampling of coarse teacher maps instead of "
+                                                             "guided by the render's colours (LiftConfig.guided)")
     li.add_argument("--delta", type=float, default=None, help="Huber threshold (radians; default LiftConfig.delta)")
     li.add_argument("--iters", type=int, default=None, help="IRLS passes (default LiftConfig.iters)")
     li.add_argument("--latent-dim", type=int, default=None, help="default LiftConfig.latent_dim")
@@ -477,7 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="keep nothing across the IRLS passes (least memory; LiftConfig cache_projections=False, "
                          "compact_cache=False)")
     li.add_argument("--config", default=None, help="YAML preset of LiftConfig (e.g. configs/lift-robust.yaml); "
-                                                   "replaces --method/--no-vcd/--delta/--iters/...")
+                                                   "replaces --method/--no-vcd/--no-guided/--delta/...")
     _teacher_args(li)
     _image_args(li)
     li.set_defaults(func=cmd_lift)

@@ -237,8 +237,8 @@ def lift(
     if cfg.latent_dim > 0 and N > 0:
         decoder, latents = pca_decoder(mu, weight * observed, cfg.latent_dim)
         latents = latents * valid[:, None]
-    info = {"method": cfg.method, "use_vcd": cfg.use_vcd, "passes": 1 + len(steps), "step_quantile_per_pass": steps,
-            "seconds": time.perf_counter() - t0, "views": B, "gaussians": N, "valid": int(valid.sum()),
-            "observed": int(observed.sum()), "filled": int(filled.sum()),
+    info = {"method": cfg.method, "use_vcd": cfg.use_vcd, "guided": cfg.guided, "passes": 1 + len(steps),
+            "step_quantile_per_pass": steps, "seconds": time.perf_counter() - t0, "views": B, "gaussians": N,
+            "valid": int(valid.sum()), "observed": int(observed.sum()), "filled": int(filled.sum()),
             "hidden": int(((weight >= cfg.min_weight) & ~observed).sum()), **view_info}
     return LiftResult(mu, weight, visibility, valid, latents, decoder, info, filled)

@@ -102,6 +102,11 @@ def test_lift_query_select_export(dataset, tmp_path, capsys):
                  "--config", str(preset)]) == 0
     info = json.loads((tmp_path / "eucl" / "rh3dgs.json").read_text())["info"]
     assert info["method"] == "euclidean" and info["use_vcd"] is False and info["passes"] == 1
+    assert info["guided"] is False  # the baseline's bilinear maps
+    assert main(["lift", str(data / "scene.ply"), "--data", str(data), "--output", str(tmp_path / "bilinear"),
+                 "--no-guided", "--iters", "1"]) == 0
+    info = json.loads((tmp_path / "bilinear" / "rh3dgs.json").read_text())["info"]
+    assert info["guided"] is False and info["method"] == "robust"
 
 
 def test_demo_small(tmp_path, capsys):

@@ -24,7 +24,7 @@ COMMANDS: Dict[str, Sequence[str]] = {
     "synth": ("--output", "--seed", "--views", "--size", "--overwrite"),
     "render": ("--transforms", "--output", "--downscale", "--skip-missing-images", "--no-undistort", "--overwrite"),
     "extract": ("--data", "--teacher", "--features-dir", "--cache", "--checkpoint", "--downscale"),
-    "lift": ("--data", "--output", "--method", "--no-vcd", "--delta", "--iters", "--latent-dim",
+    "lift": ("--data", "--output", "--method", "--no-vcd", "--no-guided", "--delta", "--iters", "--latent-dim",
              "--views-per-batch", "--streaming", "--config", "--teacher", "--features-dir", "--downscale",
              "--overwrite"),
     "query": ("--negatives", "--threshold", "--views", "--output", "--overwrite"),
