@@ -103,7 +103,8 @@ def guided_upsample(m: Tensor, guide: Tensor, sigma_color: float = 0.05, sigma_s
     there, and the lift ignores zero pixels. Temporaries are bounded by processing the rows in blocks.
 
     Args:
-        m: [h, w, D] map (any rows; zero rows = no feature); guide: [H, W, 3] image in [0, 1], H >= h, W >= w.
+        m: [h, w, D] map (any rows; zero rows = no feature); guide: [H, W, 3] image in [0, 1], H >= h, W >= w
+        (a map finer than the image is resized, not upsampled: :func:`prepare_map`).
     Returns:
         [H, W, D] float32 unit rows (zero where no cell with a feature is in reach).
 
