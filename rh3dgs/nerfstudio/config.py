@@ -58,7 +58,7 @@ __all__ = ["ExponentialDecaySchedulerConfig", "make_optimizers", "rh3dgs_config"
 def make_optimizers(max_steps: int) -> dict:
     """splatfacto's optimizer groups + the semantic ones at ``DistillConfig``'s rates: ``latents`` 1e-3,
     ``decoder`` 0 (kept as the lift's basis; ``--optimizers.decoder.optimizer.lr`` trains it),
-    ``background_latent`` 0.01."""
+    ``background_latent`` 0.01, with eps 1e-15 so their steps do not depend on the semantic loss's weight."""
     return {
         "means": {"optimizer": AdamOptimizerConfig(lr=1.6e-4, eps=1e-15),
                   "scheduler": ExponentialDecaySchedulerConfig(lr_final=1.6e-6, max_steps=max_steps)},
@@ -67,9 +67,9 @@ def make_optimizers(max_steps: int) -> dict:
         "opacities": {"optimizer": AdamOptimizerConfig(lr=0.05, eps=1e-15), "scheduler": None},
         "scales": {"optimizer": AdamOptimizerConfig(lr=0.005, eps=1e-15), "scheduler": None},
         "quats": {"optimizer": AdamOptimizerConfig(lr=0.001, eps=1e-15), "scheduler": None},
-        "latents": {"optimizer": AdamOptimizerConfig(lr=1e-3), "scheduler": None},
+        "latents": {"optimizer": AdamOptimizerConfig(lr=1e-3, eps=1e-15), "scheduler": None},
         "decoder": {"optimizer": AdamOptimizerConfig(lr=0.0), "scheduler": None},
-        "background_latent": {"optimizer": AdamOptimizerConfig(lr=0.01), "scheduler": None},
+        "background_latent": {"optimizer": AdamOptimizerConfig(lr=0.01, eps=1e-15), "scheduler": None},
         "camera_opt": {"optimizer": AdamOptimizerConfig(lr=1e-4, eps=1e-15),
                        "scheduler": ExponentialDecaySchedulerConfig(lr_final=5e-7, max_steps=max_steps,
                                                                     warmup_steps=1000, lr_pre_warmup=0)},
@@ -80,8 +80,8 @@ def make_optimizers(max_steps: int) -> dict:
 
 
 def rh3dgs_config() -> TrainerConfig:
-    """Full schedule (30k steps, splatfacto's densification; the semantic objective of ``distill()`` with its
-    defaults, from the lift, its schedules spanning the run)."""
+    """Full schedule (30k steps, splatfacto's densification; the semantic objective of ``distill()``, weighted 0.1
+    against the RGB loss (``Rh3dgsModelConfig.objective``), from the lift, its schedules spanning the run)."""
     steps = 30000
     return Rh3dgsTrainerConfig(
         method_name="rh3dgs",
@@ -106,7 +106,8 @@ def rh3dgs_config() -> TrainerConfig:
 
 def rh3dgs_lite_config() -> TrainerConfig:
     """CPU-sized preset: 300 steps, no image pyramid, <= 4k seed points (4k random ones without), black background,
-    densification between steps 60 and 200 (threshold 4e-4), latent_dim 8; the objective of ``distill()`` with its defaults."""
+    densification between steps 60 and 200 (threshold 4e-4), latent_dim 8; the objective of ``distill()``, weighted
+    0.1 against the RGB loss (``Rh3dgsModelConfig.objective``)."""
     steps = 300
     return Rh3dgsTrainerConfig(
         method_name="rh3dgs-lite",

@@ -70,9 +70,14 @@ class Rh3dgsModelConfig(SplatfactoCPUModelConfig):
     decoder, teacher maps, semantic losses or metrics (the semantic settings are then unused)."""
     latent_dim: int = 16
     """d: per-Gaussian semantic latent size."""
-    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    objective: ObjectiveConfig = field(default_factory=lambda: ObjectiveConfig(lambda_sem=0.1, lambda_con=0.01))
     """The semantic objective (VCD / VFM / LIC switches, lambda_sem, lambda_con, resolution...): the one of
-    ``distill()`` (same defaults as ``DistillConfig.objective``)."""
+    ``distill()``, weighted 0.1 against splatfacto's RGB loss. The semantic parameters (latents, background
+    latent) get no other gradient and their Adam steps do not depend on the loss scale (eps 1e-15), so they
+    learn as with weight 1; the Gaussians' geometry, which both losses move, is pushed 10x less by the
+    semantic one: held-out PSNR of rh3dgs-lite 0.36 dB below the same run without semantics at 0.1 (0.05 dB with
+    the latents' Adam at eps 1e-8, where they barely learn), 0.49-0.53 dB at weight 1 (synthetic 64 px scene, 8
+    held-out views; ``tests/test_nerfstudio.py``)."""
     semantic_steps: Optional[int] = None
     """Length of the run the objective's schedules span (VFM's delta annealing, LIC's start and refresh):
     None = the trainer's ``max_num_iterations``."""
