@@ -110,9 +110,10 @@ def run(scene, out: Path, args) -> str:
                          f"(IoU {inter / max(1, int((sel | gt).sum())):.3f}) -> {q.replace(' ', '_')}.ply")
     atomic_save_json(out / "metrics.json", {"results": results, "classes": classes, "heldout_views": test.names,
                                             "seconds": time.time() - t0})
-    print(f"[5/5] relevancy PNGs and selections -> {qdir}; semantic scenes: {best} -> {scene_dir}, {DEMO_ROWS[-1]} -> "
-          f"{out / 'scene_trained'}")
-    return _table(results) + "\n" + f"3D selections of {scene_dir.name}/ ({best}, threshold {THRESHOLD}):\n" + "\n".join(sel_lines) + \
+    print(f"[5/5] relevancy PNGs and selections -> {qdir}; semantic scenes: {best} -> {scene_dir}, "
+          f"{DEMO_ROWS[-1]} -> {out / 'scene_trained'}")
+    head = f"3D selections of {scene_dir.name}/ ({best}, threshold {THRESHOLD}):\n"
+    return _table(results) + "\n" + head + "\n".join(sel_lines) + \
         f"\nmetrics: {out / 'metrics.json'}"
 
 

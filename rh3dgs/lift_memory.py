@@ -17,6 +17,7 @@ Training-free lift (float32 unless noted), N Gaussians, V views of H x W, teache
 * one batch of teacher maps (upsampled)             b * H * W * D * 4
 * the batch's per-pixel temporaries                 b * H * W * (D * 4 + 64)  (VCD feature edges over the
                                                                        maps, render outputs and weights)
+* guided upsampling of one map (``guided``)        H * W * D * 4 + its row block (<= 64 MB)
 * full cache across passes (when it fits in 2 GB)   V * (N * 56 + H * W * (D + 1) * 4)
   + on CPU the recorded contributions (at most 1 GB) V * H * W * c * 13, c ~ 17 contributions per
                                                      pixel measured on dense surfaces (20 assumed)
@@ -26,7 +27,7 @@ Training-free lift (float32 unless noted), N Gaussians, V views of H x W, teache
   first when the budget is short): measured K ~ 0.1 N, ~3.5 MB per view at 1M random Gaussians,
   64x64, D = 64. The preflight counts the bound V * (N * 36 + H * W * (D + 1) * 4), at most 2 GB.
 
-Which cache a lift uses follows its own rules (:func:`rh3dgs.lift_views.cache_plan`, from (``LiftConfig``'s
+Which cache a lift uses follows its own rules (:func:`rh3dgs.lift_views.cache_plan`, from ``LiftConfig``'s
 ``cache_projections``, ``compact_cache``, ``record_contributions``, ``method`` / ``iters``);
 ``tests/test_memory.py`` runs lifts and checks that the estimate predicts the cache they chose.
 
@@ -54,6 +55,7 @@ from .memory import format_bytes, memory_budget, over_budget_message
 __all__ = ["MemoryEstimate", "lift_memory_estimate", "preflight_lift"]
 
 _CACHE_BYTES = CACHE_BYTES
+_DEFAULTS = LiftConfig()
 _CONTRIBUTIONS_PER_PIXEL = 20  # assumed for the recorded contributions (17 measured on dense surfaces)
 
 
@@ -99,8 +101,9 @@ class MemoryEstimate:
                 f"(see rh3dgs.lift_memory)")
 
 
-def _opt(cfg: Any, name: str, default: Any) -> Any:
-    return default if cfg is None else getattr(cfg, name, default)
+def _opt(cfg: Any, name: str) -> Any:
+    """``cfg.name``, or ``LiftConfig``'s default when ``cfg`` is None or lacks it."""
+    return getattr(cfg, name, getattr(_DEFAULTS, name)) if cfg is not None else getattr(_DEFAULTS, name)
 
 
 class _Overrides:
@@ -130,9 +133,9 @@ def lift_memory_estimate(n: int, views: int, height: int, width: int, dim: int, 
 
     n, views, height, width, dim = (max(0, int(x)) for x in (n, views, height, width, dim))
     t = threads or torch.get_num_threads()
-    vpb = int(views_per_batch if views_per_batch is not None else _opt(cfg, "views_per_batch", 8))
-    mbg = int(max_batch_gaussians if max_batch_gaussians is not None else _opt(cfg, "max_batch_gaussians", 4_000_000))
-    eff = _Overrides(cfg, LiftConfig(), views_per_batch=vpb, max_batch_gaussians=mbg)
+    vpb = int(views_per_batch if views_per_batch is not None else _opt(cfg, "views_per_batch"))
+    mbg = int(max_batch_gaussians if max_batch_gaussians is not None else _opt(cfg, "max_batch_gaussians"))
+    eff = _Overrides(cfg, _DEFAULTS, views_per_batch=vpb, max_batch_gaussians=mbg)
     plan = cache_plan(n, views, height, width, dim, eff, torch.device(device))
     per_batch = plan.views_per_batch
     b = max(1, min(per_batch, views))
@@ -143,9 +146,9 @@ def lift_memory_estimate(n: int, views: int, height: int, width: int, dim: int, 
         "batch_projections": b * n * 200,
         "batch_teacher_maps": b * hw * dim * 4,
         "batch_temporaries": b * hw * (dim * 4 + 64),
-        # guided upsampling of a map (one view at a time): its output, the prepared copy and one row block's
-        # gathered cells (at most 2^24 floats, at least one row)
-        "guided_upsampling": 4 * (2 * hw * dim + min(hw * dim, max(width * dim, 1 << 24))) if eff.guided else 0,
+        # guided upsampling of a map (one view at a time): its output and one row block's gathered cells
+        # (at most 2^24 floats, at least one row)
+        "guided_upsampling": 4 * (hw * dim + min(hw * dim, max(width * dim, 1 << 24))) if eff.guided else 0,
     }
     streaming = sum(detail.values())
     detail["batch_views"] = b
@@ -185,14 +188,8 @@ def preflight_lift(n: int, views: int, height: int, width: int, dim: int, cfg: A
     budget, source = memory_budget()
     if est.peak_bytes <= budget:
         return est
-    from types import SimpleNamespace
-
-    base = {k: _opt(cfg, k, v) for k, v in (("method", "robust"), ("iters", 3), ("cache_projections", None),
-                                             ("compact_cache", None), ("record_contributions", None),
-                                             ("max_batch_gaussians", 4_000_000), ("views_per_batch", 8))}
-
     def peak(h: int, w: int, **over: Any) -> int:
-        c = SimpleNamespace(**{**base, **over})
+        c = _Overrides(cfg, _DEFAULTS, **over)
         return lift_memory_estimate(n, views, h, w, dim, cfg=c, threads=threads, device=device).peak_bytes
 
     stream = {"cache_projections": False, "compact_cache": False}

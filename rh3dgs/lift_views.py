@@ -205,7 +205,7 @@ class LiftViews:
         """A map as given -> [H, W, D] unit rows: guided by the view's colours when coarser than the render."""
         hw = tuple(m.shape[:2]) if m.dim() == 3 else None  # anything else: prepare_map names the problem
         if guide is not None and hw and hw[0] <= self.H and hw[1] <= self.W and hw != (self.H, self.W):
-            m = guided_upsample(prepare_map(m, hw, view).to(self.dev), guide, self.cfg.guide_sigma_color)
+            return guided_upsample(prepare_map(m, hw, view).to(self.dev), guide, self.cfg.guide_sigma_color)
         return prepare_map(m, (self.H, self.W), view)
 
     def _view_map(self, v: _CompactView) -> Tensor:

@@ -129,20 +129,14 @@ def guided_upsample(m: Tensor, guide: Tensor, sigma_color: float = 0.05, sigma_s
     rows = max(1, (1 << 24) // max(1, W * D))  # row blocks: [rows, W, D] temporaries of <= 64 MB
     for y0 in range(0, H, rows):
         ys = slice(y0, min(H, y0 + rows))
-        logits, cells = [], []
+        support = torch.zeros(ys.stop - ys.start, W, device=m.device)
         for dy, dx in offsets:
             qy, qx = cy[ys] + dy, cx + dx
             ok = ((qy >= 0) & (qy < h))[:, None] & ((qx >= 0) & (qx < w))[None, :]
             qy, qx = qy.clamp(0, h - 1), qx.clamp(0, w - 1)
-            ok = ok & has[qy][:, qx]
             d2 = (py[ys] - qy.float())[:, None] ** 2 + (px - qx.float())[None, :] ** 2
             c2 = ((guide[ys] - gbar[qy][:, qx]) ** 2).sum(-1)
-            lg = -d2 / (2 * sigma_space ** 2) - c2 / (2 * sigma_color ** 2)
-            logits.append(torch.where(ok, lg, torch.full_like(lg, -torch.inf)))
-            cells.append((qy, qx))
-        support = torch.zeros(ys.stop - ys.start, W, device=m.device)
-        for lg, (qy, qx) in zip(logits, cells):
-            wgt = torch.exp(lg)
+            wgt = torch.exp(-d2 / (2 * sigma_space ** 2) - c2 / (2 * sigma_color ** 2)) * (ok & has[qy][:, qx])
             support += wgt
             out[ys].addcmul_(wgt[..., None], m[qy][:, qx])
         out[ys][support < min_support] = 0.0  # no nearby cell has this pixel's colour: no feature here
