@@ -78,6 +78,7 @@ setup(
         "rich",
         "tqdm",
         "pyyaml",
+        "tyro>=1.0.17,<1.1",  # the rh3dgs command line (rh3dgs.cli reads tyro 1.0's parse-error events)
     ],
     extras_require={
         "nerfstudio": ["nerfstudio==1.1.5", "gsplat==1.4.0"],

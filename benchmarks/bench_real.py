@@ -370,6 +370,92 @@ def _fox_render(scene_dir: Path) -> list:
     return out
 
 
+def _stage_env() -> Dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+
+
+def _view_stage(work: Path, scene_dir: Path, query: str, out_png: Path) -> Dict:
+    """``rh3dgs view SCENE`` on the fox scene, as a user opens it: seconds until it prints its URL, then
+    headless chromium through the browser tests' driver (``tests/browser/drive_viewer.js``: the RGB frame, a
+    text query's heat map, a camera drag) when chromium and the driver are installed; the server's peak
+    RSS (VmHWM before it stops). The heat-map screenshot goes to ``out_png``."""
+    import re
+    import time
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from _browser import browser_ready, run_driver, stop_server
+
+    cmd = ["view", str(scene_dir.relative_to(work)), "--port", "0", "--device", "cpu", "--output", "viewout"]
+    rec = {"stage": "rh3dgs view", "command": "rh3dgs " + " ".join(cmd) + f" + headless chromium (query '{query}', "
+           "camera drag)", "rc": 1, "wall_s": float("nan"), "cpu_s": float("nan"), "peak_rss_mb": float("nan")}
+    t = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "rh3dgs.cli", *cmd], cwd=work, env=_stage_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url, lines = None, []
+        while url is None and time.perf_counter() - t < 600:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            m = re.search(r"open (http://127\.0\.0\.1:\d+)", line)
+            url = m.group(1) if m else None
+        rec["ready_s"] = time.perf_counter() - t
+        if url is None:
+            rec["log_tail"] = [ln.rstrip() for ln in lines[-3:]]
+            return rec
+        chromium, why = browser_ready()
+        if chromium is None:
+            rec.update(rc=0, browser=f"not driven: {why}")
+        else:
+            shots = work / "viewshots"
+            res = run_driver("drive_viewer.js", [url, shots, query], chromium, 900)
+            rec.update(rc=0, browser="headless chromium", frames=res["frames"])
+            if (shots / "heat.png").is_file():
+                shutil.copyfile(shots / "heat.png", out_png)
+                rec["png"] = out_png.name
+        with open(f"/proc/{proc.pid}/status") as f:
+            rec["peak_rss_mb"] = next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM")) / 1024.0
+    finally:
+        stop_server(proc, 10)
+        rec["wall_s"] = time.perf_counter() - t
+    print(f"[fox] rh3dgs view: ready in {rec['ready_s']:.0f} s, {rec.get('browser', '')}", flush=True)
+    return rec
+
+
+#: the lift's stages in its profile: (label, function qualified name as cProfile names it)
+LIFT_STAGES = (
+    ("read PLY, cameras, frame", ("load_ply", "load_transforms", "to_data_frame")),
+    ("teacher maps (cache)", ("dataset_maps",)),
+    ("views: render (projection, binning, RGB + depth moments)", ("render",)),
+    ("views: teacher maps, guided upsampling", ("get_maps",)),
+    ("views: VCD pixel weights", ("pixel_weights",)),
+    ("passes: aggregate on the sphere (native)", ("aggregate_sphere", "aggregate_sphere_replay")),
+    ("fill from 3D neighbours", ("fill_from_neighbours",)),
+    ("PCA decoder", ("pca_decoder",)),
+    ("write scene folder", ("save_scene",)),
+)
+
+
+def _lift_profile(work: Path, prof: Path) -> Dict:
+    """cProfile of the lift stage: cumulative seconds of each :data:`LIFT_STAGES` function and the ten
+    rh3dgs functions with the largest own time."""
+    import pstats
+
+    st = pstats.Stats(str(prof))
+    total = max(v[3] for v in st.stats.values())
+    stages = []
+    for label, names in LIFT_STAGES:
+        hits = [(k, v) for k, v in st.stats.items() if k[2] in names and "/rh3dgs/" in k[0]]
+        # outermost calls only: a function's cumulative time already holds its recursive / nested calls
+        stages.append({"stage": label, "functions": sorted({f"{Path(k[0]).stem}.{k[2]}" for k, _ in hits}),
+                       "calls": sum(v[1] for _, v in hits), "cum_s": sum(v[3] for _, v in hits)})
+    own = sorted(((v[2], f"{Path(k[0]).parent.name}/{Path(k[0]).name}:{k[2]}", v[1]) for k, v in st.stats.items()
+                  if "/rh3dgs/" in k[0] or k[0] == "~"), reverse=True)[:10]
+    return {"total_s": total, "stages": stages, "top_own": [{"function": n, "own_s": t, "calls": c} for t, n, c in own]}
+
+
 def fox_part(root: Path, keep: Optional[Path] = None) -> Tuple[Dict, str]:
     """The user path on ``realdata/fox`` on CPU: ns-process-data (COLMAP) -> ns-train rh3dgs-lite and the
     splatfacto baseline (same preset, semantics off: splatfacto on rh3dgs's rasterizer) -> ns-eval ->
@@ -433,9 +519,21 @@ def fox_part(root: Path, keep: Optional[Path] = None) -> Tuple[Dict, str]:
         evals[name] = _json.loads(f.read_text())["results"] if f.is_file() else {}
     S("rh3dgs export (ns run)", "rh3dgs", "export", str(configs["rh3dgs-lite"]), "--output", "fox_lite.ply")
     S("rh3dgs extract", "rh3dgs", "extract", "--data", "ns", "--teacher", "tiny-clip", "--cache", "xcache", *ds)
-    S("rh3dgs lift", "rh3dgs", "lift", "fox_lite.ply", "--data", "ns", "--teacher", "tiny-clip", "--cache", "xcache",
-      *ds, "--output", "scene")
+    lift_args = ("lift", "fox_lite.ply", "--data", "ns", "--teacher", "tiny-clip", "--cache", "xcache", *ds)
+    S("rh3dgs lift", "rh3dgs", *lift_args, "--output", "scene")
+    profile = {}
+    if (work / "scene" / "rh3dgs.json").is_file():  # the same lift again under cProfile, into another folder
+        prof = work / "logs" / "lift.prof"
+        run = ("import cProfile, sys; from rh3dgs.cli import main; p = cProfile.Profile(); "
+               "code = p.runcall(main, sys.argv[2:]); p.dump_stats(sys.argv[1]); sys.exit(code)")
+        subprocess.run([sys.executable, "-c", run, str(prof), *lift_args, "--output", "scene_profiled",
+                        "--overwrite"], cwd=work, env=_stage_env(), stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        profile = _lift_profile(work, prof) if prof.is_file() else {}
     S("rh3dgs query", "rh3dgs", "query", "scene", ";".join(FOX_QUERIES), "--views", "0", "--output", "query")
+    if (work / "scene" / "rh3dgs.json").is_file():
+        stages.append(_view_stage(work, work / "scene", FOX_QUERIES[0],
+                                  REPO / "benchmarks" / "results" / "real_fox_view.png"))
     S("rh3dgs select", "rh3dgs", "select", "scene", FOX_QUERIES[0], "--output", "fox_selected.ply")
     S("rh3dgs export (scene)", "rh3dgs", "export", "scene", "--output", "scene.ply")
     S("ns-export gaussian-splat", "ns-export", "gaussian-splat", "--load-config", str(configs["rh3dgs-lite"]),
@@ -451,7 +549,7 @@ def fox_part(root: Path, keep: Optional[Path] = None) -> Tuple[Dict, str]:
                "frames_registered": frames, "seed_points": seed.get("vertices", 0), "stages": stages,
                "eval": evals, "psnr_gap_db": p_lite - p_base,
                "psnr_accepted": bool(p_lite >= p_base - PSNR_TOLERANCE_DB), "plys": plys, "sheet": sheet,
-               "render": render_runs, "load_average_start": load, "load_average_end": os.getloadavg()[0],
+               "render": render_runs, "lift_profile": profile, "load_average_start": load, "load_average_end": os.getloadavg()[0],
                "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "1"), "work": str(work) if keep else None}
     if not keep:
         shutil.rmtree(work, ignore_errors=True)
@@ -498,6 +596,25 @@ def fox_markdown(p: Dict) -> str:
                   "|---|---|---|---|---|"]
         lines += [f"| {r['size']} | {r['gaussians']:,} ({r['visible']:,}) | {r['isects_per_pixel']:.2f} | "
                   f"{r['composited_per_pixel']:.1f} | {r['frame_ms']:.0f} |" for r in p["render"]]
+        lines.append("")
+    view = next((s for s in p["stages"] if s["stage"] == "rh3dgs view"), None)
+    if view is not None:
+        fr = view.get("frames", {})
+        lines += [f"`rh3dgs view`: URL printed {f(view.get('ready_s'), 1)} s after the command (the scene loaded); "
+                  f"browser: {view.get('browser', '-')}; the viewer's frame captions: "
+                  + "; ".join(f"{k}: '{v}'" for k, v in fr.items()) + "."
+                  + (f" ![fox view]({view['png']}) `{view['png']}` (heat map of the query)." if view.get("png") else ""),
+                  ""]
+    prof = p.get("lift_profile") or {}
+    if prof:
+        lines += [f"Profile of the lift (cProfile of the same `rh3dgs lift`, {f(prof['total_s'], 1)} s under the "
+                  "profiler; cumulative time of each stage's functions):", "",
+                  "| stage | functions | calls | seconds | share |", "|---|---|---|---|---|"]
+        lines += [f"| {s['stage']} | {', '.join(s['functions']) or '-'} | {s['calls']} | {s['cum_s']:.1f} | "
+                  f"{100 * s['cum_s'] / prof['total_s']:.0f} % |" for s in prof["stages"]]
+        lines += ["", "Largest own time (rh3dgs functions and native calls):", "", "| function | calls | own (s) |",
+                  "|---|---|---|"]
+        lines += [f"| `{t['function']}` | {t['calls']} | {t['own_s']:.1f} |" for t in prof["top_own"]]
         lines.append("")
     if p["sheet"]:
         s = p["sheet"]

@@ -134,7 +134,7 @@ def test_errors_are_clear(lifted, tmp_path):
 
 def test_cli_query_writes_pngs_and_plys(lifted, tmp_path, capsys):
     sc, root = lifted
-    rc = main(["query", str(root / "scene"), "red ball;blue box", "--views", "0,3", "--output", str(tmp_path / "q")])
+    rc = main(["query", str(root / "scene"), "red ball;blue box", "--views", "0", "3", "--output", str(tmp_path / "q")])
     assert rc == 0
     pngs = sorted(p.name for p in (tmp_path / "q").glob("*.png"))
     assert len(pngs) == 2 * 2 * 2  # views x queries x (relevancy, overlay)

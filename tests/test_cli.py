@@ -128,3 +128,84 @@ def test_bad_input_has_no_traceback(tmp_path, capsys):
     assert main(["render", str(tmp_path / "bad.ply"), "--transforms", str(tmp_path), "--output", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "bad.ply" in err and "Traceback" not in err
+
+
+# ---- the command line is tyro over the config dataclasses (one place for each default and its help)
+
+def _lift(*extra):
+    from rh3dgs.cli import parse
+
+    return parse(["lift", "s.ply", "--data", "d", "--output", "o", *extra]).command
+
+
+def test_options_are_the_config_dataclasses_fields_and_defaults():
+    from rh3dgs.cli import parse
+    from rh3dgs.data.synthetic import SceneConfig
+    from rh3dgs.io.transforms import ImageOptions
+    from rh3dgs.lifting import LiftConfig
+    from rh3dgs.teachers import TeacherConfig
+
+    cmd = _lift()
+    assert cmd.lift.config() == LiftConfig() and type(cmd.lift.config()) is LiftConfig
+    assert cmd.teacher.config() == TeacherConfig(name="precomputed")  # the commands' one own default
+    assert cmd.images == ImageOptions()
+    assert parse(["synth", "--output", "o"]).command.scene.config() == SceneConfig()
+    # every LiftConfig field is an option, under its README name where it has one
+    cmd = _lift("--no-vcd", "--no-guided", "--delta", "0.3", "--iters", "2", "--latent-dim", "4",
+                "--views-per-batch", "3", "--method", "karcher", "--min-visibility", "0", "--no-fill",
+                "--vcd.edge-radius", "2", "--cache-projections", "False", "--teacher", "tiny-clip",
+                "--cache", "c", "--features-dir", "f", "--downscale", "2", "--skip-missing-images", "--no-undistort")
+    want = LiftConfig(use_vcd=False, guided=False, delta=0.3, iters=2, latent_dim=4, views_per_batch=3,
+                      method="karcher", min_visibility=0.0, fill=False, cache_projections=False)
+    want.vcd.edge_radius = 2
+    assert cmd.lift.config() == want
+    assert cmd.teacher.config() == TeacherConfig(name="tiny-clip", cache_dir="c", features_dir="f")
+    assert cmd.images == ImageOptions(downscale=2, skip_missing_images=True, undistort=False)
+    scene = parse(["demo", "--views", "5", "--size", "32", "--seed", "3", "--layout", "2"]).command.scene
+    assert scene.config() == SceneConfig(num_views=5, image_size=32, seed=3, layout=2)
+
+
+def test_help_text_is_the_dataclass_docstring(capsys):
+    from rh3dgs.cli import main
+    from rh3dgs.lifting import LiftConfig
+
+    with pytest.raises(SystemExit) as ei:
+        main(["lift", "--help"])
+    assert ei.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for flag in ("--no-vcd", "--no-guided", "--delta", "--iters", "--latent-dim", "--views-per-batch", "--method",
+                 "--teacher", "--cache", "--features-dir", "--checkpoint", "--downscale", "--skip-missing-images",
+                 "--no-undistort", "--streaming", "--config", "--frame", "--overwrite"):
+        assert flag in text, flag
+    assert "Huber threshold in radians" in text and "(default: 0.2)" in text
+    assert f"(default: {LiftConfig.iters})" in text
+    with pytest.raises(SystemExit) as ei:
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert ei.value.code == 0 and all(c in text for c in ("demo", "synth", "lift", "query", "eval", "view"))
+
+
+def test_lift_preset_gives_defaults_and_options_still_win(tmp_path):
+    preset = Path(__file__).resolve().parents[1] / "configs" / "lift-euclidean.yaml"
+    from rh3dgs.presets import load_preset
+    from rh3dgs.lifting import LiftConfig
+
+    base = load_preset(preset, LiftConfig)
+    assert _lift("--config", str(preset)).lift.config() == base
+    cmd = _lift("--config", str(preset), "--latent-dim", "3")
+    assert cmd.lift.config().latent_dim == 3 and cmd.lift.config().method == base.method == "euclidean"
+
+
+def test_a_command_line_that_does_not_parse_is_one_line(capsys):
+    from rh3dgs.cli import main
+
+    for argv, words in ((["lift", "s.ply", "--output", "o"], ["rh3dgs lift", "--data", "required"]),
+                        (["query", "--output", "o"], ["SCENE", "QUERIES"]),
+                        (["lift", "s", "--data", "d", "--output", "o", "--method", "mean"], ["'mean'", "robust"]),
+                        (["synth", "--output", "o", "--views", "abc"], ["--views", "'abc'"]),
+                        (["render", "s", "--transforms", "t", "--output", "o", "--bogus"], ["--bogus"]),
+                        (["frobnicate"], ["unknown command 'frobnicate'"])):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("rh3dgs: error: "), err
+        assert all(w in err for w in words), (argv, err)

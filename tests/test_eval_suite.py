@@ -1,5 +1,4 @@
 """Evaluation of semantic scene folders against ground truth, the synthetic suite and `rh3dgs eval`."""
-import argparse
 import json
 
 import numpy as np
@@ -7,15 +6,14 @@ import pytest
 import torch
 
 from rh3dgs.errors import ConfigError, InputFileError
-from rh3dgs.eval.cli import add_eval_parser
 from rh3dgs.eval.suite import SUITE_ROWS, PeakMemory, SuiteConfig, evaluate_scene, run_suite
 
 
-def _parser():
-    p = argparse.ArgumentParser(prog="rh3dgs")
-    sub = p.add_subparsers(dest="command", required=True)
-    add_eval_parser(sub)
-    return p
+def _eval(argv):
+    """``rh3dgs eval ARGV...`` parsed by the package's command line: the :class:`Eval` command."""
+    from rh3dgs.cli import parse
+
+    return parse(["eval", *argv]).command
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +21,7 @@ def quick_suite(tmp_path_factory):
     """`rh3dgs eval --suite synthetic --quick` (the whole ablation table on one small scene)."""
     out = tmp_path_factory.mktemp("suite") / "out"
     md = out.parent / "results_doc.md"
-    args = _parser().parse_args(["eval", "--suite", "synthetic", "--quick", "--output", str(out), "--markdown", str(md)])
-    assert args.func(args) == 0
+    assert _eval(["--suite", "synthetic", "--quick", "--output", str(out), "--markdown", str(md)]).main() == 0
     return out, md
 
 
@@ -64,8 +61,7 @@ def test_eval_scene_cli_and_perfect_field(quick_suite, tmp_path):
     out, _ = quick_suite
     data = out / "work" / "layout0" / "data"
     row = out / "work" / "layout0" / "clip-moderate" / "robust_lift_plus_VCD"
-    args = _parser().parse_args(["eval", str(row), "--data", str(data), "--output", str(tmp_path / "ev")])
-    assert args.func(args) == 0
+    assert _eval([str(row), "--data", str(data), "--output", str(tmp_path / "ev")]).main() == 0
     ev = json.loads((tmp_path / "ev" / "eval.json").read_text())
     assert 0.3 < ev["miou"] <= 1.0 and "miou_3d" in ev and "miou_3d_nofill" in ev
     # an oracle field (latent = one-hot class, decoder = text embeddings) scores ~perfectly
@@ -88,13 +84,10 @@ def test_eval_scene_cli_and_perfect_field(quick_suite, tmp_path):
 
 
 def test_eval_errors(tmp_path):
-    p = _parser()
-    args = p.parse_args(["eval"])
     with pytest.raises(ConfigError, match="--suite"):
-        args.func(args)
-    args = p.parse_args(["eval", "x", "--suite", "synthetic"])
+        _eval([]).main()
     with pytest.raises(ConfigError, match="not both"):
-        args.func(args)
+        _eval(["x", "--suite", "synthetic"]).main()
     (tmp_path / "data").mkdir()
     with pytest.raises(InputFileError, match="classes.txt"):
         from rh3dgs.eval.suite import read_gt_dataset

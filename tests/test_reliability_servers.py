@@ -1,5 +1,4 @@
 """Servers bind 127.0.0.1 by default (the viewer, rh3dgs/viewer/, owned by another engineer)."""
-import argparse
 import inspect
 
 import pytest
@@ -7,14 +6,10 @@ import pytest
 
 def test_viewer_binds_localhost_by_default():
     server = pytest.importorskip("rh3dgs.viewer.server")
-    from rh3dgs.viewer.cli import add_view_parser
+    from rh3dgs.cli import parse
 
     assert server.ViewerConfig().host == "127.0.0.1"
-    p = argparse.ArgumentParser()
-    sub = p.add_subparsers(dest="command")
-    add_view_parser(sub)
-    args = p.parse_args(["view", "scene"])
-    assert args.host == "127.0.0.1"
+    assert parse(["view", "scene"]).command.viewer.host == "127.0.0.1"
     # nothing in the package binds every interface by default
     import rh3dgs.viewer.server as s
 

@@ -568,16 +568,15 @@ def test_client_render_loop_low_res_while_moving_then_full_res(monkeypatch):
         r.thread.join(5)
 
 
-def test_add_view_parser_hooks_into_the_rh3dgs_parser():
+def test_view_is_a_subcommand_of_the_rh3dgs_command_line():
     from rh3dgs import cli
-    from rh3dgs.viewer.cli import add_view_parser, cmd_view
+    from rh3dgs.viewer.cli import View
+    from rh3dgs.viewer.server import ViewerConfig
 
-    parser = cli.build_parser()
-    sub = parser._subparsers._group_actions[0]
-    if "view" not in sub.choices:
-        add_view_parser(sub)
-    args = parser.parse_args(["view", "scene_dir", "--port", "0", "--host", "0.0.0.0", "--output", "o",
-                              "--max-res", "300", "--device", "cpu"])
-    assert args.func is cmd_view and args.path == "scene_dir" and args.port == 0 and args.max_res == 300
-    args = parser.parse_args(["view", "scene.ply"])
-    assert (args.host, args.port, args.device, args.moving_res) == ("127.0.0.1", 8080, "auto", None)
+    v = cli.parse(["view", "scene_dir", "--port", "0", "--host", "0.0.0.0", "--output", "o",
+                   "--max-res", "300", "--device", "cpu"]).command
+    assert isinstance(v, View) and v.path == "scene_dir" and v.viewer.port == 0 and v.viewer.max_res == 300
+    assert str(v.viewer.output_dir) == "o" and v.device == "cpu"
+    v = cli.parse(["view", "scene.ply"]).command
+    assert (v.viewer.host, v.viewer.port, v.device, v.viewer.moving_res) == ("127.0.0.1", 8080, "auto", None)
+    assert v.viewer.output_dir == ViewerConfig().output_dir  # ViewerConfig's defaults, not restated

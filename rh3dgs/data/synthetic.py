@@ -29,32 +29,33 @@ __all__ = ["SceneConfig", "SyntheticScene", "LAYOUTS", "make_scene", "orbit_came
 
 @dataclass
 class SceneConfig:
-    """Settings of :func:`make_scene`.
-
-    seed: RNG seed (object jitter, sampling, textures).
-    layout: which object set (:data:`LAYOUTS`; 0 = the original table-top scene).
-    gaussians_per_unit_area: surface sampling density (Gaussians per m^2).
-    floor_size: side length of the square floor (m).
-    texture_noise: std of per-Gaussian colour jitter (texture).
-    num_views: cameras on the orbit; image_size: square image side in pixels.
-    orbit_radius, orbit_heights: camera orbit (m); cameras look at the scene centre.
-    fov_deg: horizontal field of view.
-    heldout_views, heldout_heights: extra cameras for held-out evaluation (``SyntheticScene.heldout_cameras``),
-        on the same circle at other heights, their azimuths half-way between the training cameras'.
-    """
+    """Settings of :func:`make_scene`."""
 
     seed: int = 0
+    """RNG seed (object jitter, sampling, textures)."""
     layout: int = 0
+    """Which object set (:data:`LAYOUTS`; 0 = the original table-top scene)."""
     gaussians_per_unit_area: float = 6000.0
+    """Surface sampling density (Gaussians per m^2)."""
     floor_size: float = 3.0
+    """Side length of the square floor (m)."""
     texture_noise: float = 0.04
+    """Std of the per-Gaussian colour jitter (texture)."""
     num_views: int = 12
+    """Cameras on the orbit."""
     image_size: int = 128
+    """Square image side in pixels."""
     orbit_radius: float = 3.2
+    """Radius of the camera orbit (m); cameras look at the scene centre."""
     orbit_heights: Tuple[float, ...] = (1.2, 2.0)
+    """Heights of the camera rings (m)."""
     fov_deg: float = 50.0
+    """Horizontal field of view (degrees)."""
     heldout_views: int = 0
+    """Extra cameras for held-out evaluation (``SyntheticScene.heldout_cameras``), on the same circle at
+    other heights, their azimuths half-way between the training cameras'."""
     heldout_heights: Tuple[float, ...] = (1.0, 1.7)
+    """Heights of the held-out cameras (m)."""
 
     def __post_init__(self) -> None:
         if not 0 <= int(self.layout) < len(LAYOUTS):

@@ -1,49 +1,59 @@
 """``rh3dgs eval``: score a semantic scene against ground truth, or run the synthetic ablation suite.
 
     rh3dgs eval SCENE --data DATASET [--output DIR]          one scene folder vs masks/ + classes.txt
-    rh3dgs eval --suite synthetic [--quick] [--output DIR]    the ablation table (results.json/.md + PNGs)
+    rh3dgs eval --suite synthetic [--quick] [--output DIR]   the ablation table (results.json/.md + PNGs)
 
-Hook into the main parser with :func:`add_eval_parser` (``rh3dgs.cli.build_parser``).
+The command is the dataclass :class:`Eval` (a subcommand of ``rh3dgs.cli.Rh3dgs``).
 """
 from __future__ import annotations
 
-import argparse
 import math
+from dataclasses import dataclass
+from typing import Literal, Optional, Tuple
+
+from tyro.conf import Positional, arg
+from typing_extensions import Annotated
 
 from ..errors import ConfigError
 from ..io.outputs import check_output_dir, check_output_file, prepare_output_dir, scene_inputs
 
-__all__ = ["add_eval_parser", "cmd_eval"]
+__all__ = ["Eval", "cmd_eval"]
 
 
-def _ints(text: str):
-    try:
-        return tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
+@dataclass
+class Eval:
+    """Score a semantic scene against ground truth, or run the synthetic ablation suite:
+    rh3dgs eval SCENE --data DATASET | rh3dgs eval --suite synthetic [--quick]."""
 
+    scene: Annotated[Optional[str], Positional, arg(metavar="SCENE")] = None
+    """semantic scene folder (rh3dgs.load) to score"""
+    data: Annotated[Optional[str], arg(metavar="PATH")] = None
+    """labelled dataset folder (masks/*.png, classes.txt[, scene.ply])"""
+    suite: Optional[Literal["synthetic"]] = None
+    """run the ablation suite instead"""
+    quick: bool = False
+    """suite: 1 scene x 2 teachers, small images (a few minutes)"""
+    output: Annotated[Optional[str], arg(metavar="PATH")] = None
+    """output folder (suite default: outputs/eval_suite)"""
+    markdown: Annotated[Optional[str], arg(metavar="PATH")] = None
+    """suite: also write the report here (e.g. docs/results.md)"""
+    work: Annotated[Optional[str], arg(metavar="PATH")] = None
+    """suite: folder for datasets and scene folders (default OUTPUT/work)"""
+    layouts: Optional[Tuple[int, ...]] = None
+    """suite: scene layouts (0-4; default SuiteConfig's)"""
+    teachers: Optional[Tuple[str, ...]] = None
+    """suite: teacher presets (clip-moderate, clip-strong, sam-moderate, sam-strong; default SuiteConfig's)"""
+    seed: Optional[int] = None
+    """suite: seed of the scenes and teacher draws (default SuiteConfig's: 0)"""
+    steps: Optional[int] = None
+    """suite: training steps of the trained rows (default SuiteConfig's distill_steps)"""
+    threads: int = 0
+    """torch threads (0 = default)"""
+    overwrite: bool = False
+    """replace existing outputs"""
 
-def add_eval_parser(subparsers) -> argparse.ArgumentParser:
-    """Add the ``eval`` sub-command to an argparse ``subparsers`` object; returns its parser."""
-    e = subparsers.add_parser(
-        "eval", help="score a semantic scene against ground truth, or run the synthetic ablation suite",
-        description="rh3dgs eval SCENE --data DATASET | rh3dgs eval --suite synthetic [--quick]")
-    e.add_argument("scene", nargs="?", default=None, help="semantic scene folder (rh3dgs.load) to score")
-    e.add_argument("--data", default=None, help="labelled dataset folder (masks/*.png, classes.txt[, scene.ply])")
-    e.add_argument("--suite", default=None, choices=["synthetic"], help="run the ablation suite instead")
-    e.add_argument("--quick", action="store_true", help="suite: 1 scene x 2 teachers, small images (a few minutes)")
-    e.add_argument("--output", default=None, help="output folder (suite default: outputs/eval_suite)")
-    e.add_argument("--markdown", default=None, help="suite: also write the report here (e.g. docs/results.md)")
-    e.add_argument("--work", default=None, help="suite: folder for datasets and scene folders (default OUTPUT/work)")
-    e.add_argument("--layouts", type=_ints, default=None, help="suite: comma-separated scene layouts (0-4)")
-    e.add_argument("--teachers", default=None,
-                   help="suite: comma-separated teacher presets (clip-moderate, clip-strong, sam-moderate, sam-strong)")
-    e.add_argument("--seed", type=int, default=None, help="suite: seed of the scenes and teacher draws (default 0)")
-    e.add_argument("--steps", type=int, default=None, help="suite: training steps of the trained rows")
-    e.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
-    e.add_argument("--overwrite", action="store_true", help="replace existing outputs")
-    e.set_defaults(func=cmd_eval)
-    return e
+    def main(self) -> int:
+        return cmd_eval(self)
 
 
 def cmd_eval(args) -> int:
@@ -58,9 +68,9 @@ def cmd_eval(args) -> int:
             raise ConfigError("rh3dgs eval: give either SCENE --data DATASET or --suite, not both")
         over = {}
         if args.layouts is not None:
-            over["layouts"] = args.layouts
+            over["layouts"] = tuple(args.layouts)
         if args.teachers is not None:
-            over["teachers"] = tuple(t.strip() for t in args.teachers.split(",") if t.strip())
+            over["teachers"] = tuple(args.teachers)
         if args.seed is not None:
             over["seed"] = int(args.seed)
         if args.steps is not None:

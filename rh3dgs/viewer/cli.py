@@ -1,16 +1,45 @@
 """``rh3dgs view PATH``: serve a scene in the browser with text queries.
 
-Hook into ``rh3dgs/cli.py``'s ``build_parser`` with::
-
-    from .viewer.cli import add_view_parser
-    add_view_parser(sub)
+The command is the dataclass :class:`View` (a subcommand of ``rh3dgs.cli.Rh3dgs``); its server options are
+:class:`rh3dgs.viewer.server.ViewerConfig`'s fields (``--output`` is its ``output_dir``).
 """
 from __future__ import annotations
 
-import argparse
+import dataclasses
+from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["add_view_parser", "cmd_view"]
+from tyro.conf import Positional, arg
+from typing_extensions import Annotated
+
+from .server import ViewerConfig
+
+__all__ = ["View", "ViewerOptions", "cmd_view"]
+
+
+@dataclass
+class ViewerOptions(ViewerConfig):
+    """:class:`ViewerConfig` with ``output_dir`` as ``--output``."""
+
+    host: Annotated[str, arg(help="address to bind (default 127.0.0.1: this machine only; e.g. 0.0.0.0 exposes "
+                                  "the viewer to the network, with a warning)")] = ViewerConfig.host
+    output_dir: Annotated[Path, arg(name="output", help="folder the export button writes selections to")] = \
+        ViewerConfig.output_dir
+
+
+@dataclass
+class View:
+    """Interactive text-query viewer in the browser (viser): serve a scene (semantic scene folder, its
+    rh3dgs.json, or a 3DGS .ply) with RGB, text-query heat maps, 3D selection and export."""
+
+    path: Annotated[str, Positional, arg(metavar="PATH")]
+    """semantic scene folder / rh3dgs.json / 3DGS .ply"""
+    viewer: Annotated[ViewerOptions, arg(name="")] = field(default_factory=ViewerOptions)
+    device: str = "auto"
+    """auto (cuda if available), cpu, cuda, cuda:N"""
+
+    def main(self) -> int:
+        return cmd_view(self)
 
 
 def _device(name: str):
@@ -28,12 +57,11 @@ def _device(name: str):
 def cmd_view(args) -> int:
     from ..api import load
     from ..io.outputs import check_not_input, scene_inputs
-    from .server import Viewer, ViewerConfig
+    from .server import Viewer
 
-    check_not_input(args.output, scene_inputs(args.path))  # the export button's folder
+    cfg = ViewerConfig(**{f.name: getattr(args.viewer, f.name) for f in dataclasses.fields(ViewerConfig)})
+    check_not_input(cfg.output_dir, scene_inputs(args.path))  # the export button's folder
     scene = load(args.path, device=_device(args.device))
-    cfg = ViewerConfig(host=args.host, port=args.port, max_res=args.max_res, moving_res=args.moving_res,
-                       output_dir=Path(args.output))
     viewer = Viewer(scene, cfg)
     url = viewer.start()
     semantic = "semantic field: yes" if scene.field is not None else "no semantic field: RGB only, queries off"
@@ -42,20 +70,3 @@ def cmd_view(args) -> int:
     print(f"rh3dgs view: open {url}  (selections export to {cfg.output_dir}; Ctrl-C to stop)", flush=True)
     viewer.serve_forever()
     return 0
-
-
-def add_view_parser(subparsers) -> argparse.ArgumentParser:
-    """Add the ``view`` subcommand to ``rh3dgs``'s subparsers (sets ``func=cmd_view``)."""
-    v = subparsers.add_parser("view", help="interactive text-query viewer in the browser (viser)",
-                              description="Serve a scene (semantic scene folder, its rh3dgs.json, or a 3DGS .ply) "
-                                          "in the browser: RGB, text-query heat maps, 3D selection and export.")
-    v.add_argument("path", help="semantic scene folder / rh3dgs.json / 3DGS .ply")
-    v.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only; "
-                                                       "e.g. 0.0.0.0 exposes the viewer to the network, with a warning)")
-    v.add_argument("--port", type=int, default=8080, help="TCP port (0: any free port)")
-    v.add_argument("--output", default="outputs/view", help="folder the export button writes selections to")
-    v.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
-    v.add_argument("--max-res", type=int, default=None, help="long side of still frames (default 512 CPU, 1024 CUDA)")
-    v.add_argument("--moving-res", type=int, default=None, help="long side while the camera moves (default max/2)")
-    v.set_defaults(func=cmd_view)
-    return v
