@@ -427,6 +427,7 @@ def _view_stage(work: Path, scene_dir: Path, query: str, out_png: Path) -> Dict:
 #: the lift's stages in its profile: (label, function qualified name as cProfile names it)
 LIFT_STAGES = (
     ("read PLY, cameras, frame", ("load_ply", "load_transforms", "to_data_frame")),
+    ("teacher model (open_clip import + build)", ("make_teacher",)),
     ("teacher maps (cache)", ("dataset_maps",)),
     ("views: render (projection, binning, RGB + depth moments)", ("render",)),
     ("views: teacher maps, guided upsampling", ("get_maps",)),
@@ -454,6 +455,22 @@ def _lift_profile(work: Path, prof: Path) -> Dict:
     own = sorted(((v[2], f"{Path(k[0]).parent.name}/{Path(k[0]).name}:{k[2]}", v[1]) for k, v in st.stats.items()
                   if "/rh3dgs/" in k[0] or k[0] == "~"), reverse=True)[:10]
     return {"total_s": total, "stages": stages, "top_own": [{"function": n, "own_s": t, "calls": c} for t, n, c in own]}
+
+
+def _ensure_system() -> Optional[str]:
+    """COLMAP and ffmpeg (``ns-process-data images``) and the headless browser (the view stage): the
+    project's own set-up installs what is missing (``scripts/setup_system.sh colmap test``, idempotent);
+    returns its last line when it could not, else None."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from _browser import browser_ready
+
+    if shutil.which("colmap") and shutil.which("ffmpeg") and browser_ready()[0]:
+        return None
+    print("[fox] installing COLMAP / ffmpeg / the browser: scripts/setup_system.sh colmap test", flush=True)
+    p = subprocess.run(["bash", str(REPO / "scripts" / "setup_system.sh"), "colmap", "test"], cwd=REPO,
+                       capture_output=True, text=True)
+    tail = (p.stderr.strip() or p.stdout.strip()).splitlines()[-1:] or [""]
+    return None if p.returncode == 0 else tail[0]
 
 
 def fox_part(root: Path, keep: Optional[Path] = None) -> Tuple[Dict, str]:
@@ -497,6 +514,9 @@ def fox_part(root: Path, keep: Optional[Path] = None) -> Tuple[Dict, str]:
         stages.append(rec)
         return rec
 
+    setup_problem = _ensure_system()
+    if setup_problem:
+        print(f"[fox] set-up: {setup_problem}", flush=True)
     S("ns-process-data (COLMAP)", "ns-process-data", "images", "--data", "images", "--output-dir", "ns", "--no-gpu",
       "--matching-method", "exhaustive", "--num-downscales", str(int(math.log2(FOX_TRAIN_DOWNSCALE))))
     seed = _independent_ply_count(work / "ns" / "sparse_pc.ply") if (work / "ns" / "sparse_pc.ply").is_file() else {}

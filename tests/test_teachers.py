@@ -396,3 +396,16 @@ def test_cache_precomputed_tracks_feature_file(feat_dir, tmp_path):
     (p2,) = extract_features(t, [img], tmp_path / "cache", progress=False)
     assert p2 != p and len(t.calls) == 2
     assert torch.allclose(load_cached(p2), torch.full((2, 2, 6), 1 / math.sqrt(6)), atol=1e-3)
+
+
+def test_open_clip_import_skips_wandb_and_leaves_it_importable():
+    """timm (under open_clip) tries ``import wandb``: ~2.5 s of every CLIP-teacher command; import_open_clip
+    keeps it out, and a later ``import wandb`` still works (fresh interpreter: nothing imported before)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from rh3dgs.teachers.clip import import_open_clip; import_open_clip(); "
+            "print('wandb' in sys.modules); import importlib.util; "
+            "ok = importlib.util.find_spec('wandb') is None or __import__('wandb') is not None; print(ok)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "True"], out

@@ -71,11 +71,27 @@ _ALGO_VERSION = "clip-dense-v1"  # bump when the dense computation changes (inva
 
 
 def import_open_clip():
-    """Import open_clip quietly (its import emits a torch.jit deprecation warning)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        warnings.simplefilter("ignore", UserWarning)
-        import open_clip  # noqa: WPS433
+    """Import open_clip quietly (its import emits a torch.jit deprecation warning) and without wandb.
+
+    open_clip imports timm, whose ``timm.utils.summary`` tries ``import wandb`` for its training-log helper
+    (never used here): with wandb installed (nerfstudio pulls it in) that costs ~2.5 s of every command that
+    builds a CLIP teacher. While open_clip is first imported, ``wandb`` is made unimportable (timm then takes
+    it as absent, its documented fallback); the block is lifted right after, so a later ``import wandb``
+    (``ns-train --vis wandb``) works as usual. A wandb imported before is left alone.
+    """
+    import sys
+
+    block = "wandb" not in sys.modules
+    if block:
+        sys.modules["wandb"] = None  # type: ignore[assignment]  # import wandb -> ImportError
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", UserWarning)
+            import open_clip  # noqa: WPS433
+    finally:
+        if block and sys.modules.get("wandb", 0) is None:
+            del sys.modules["wandb"]
     return open_clip
 
 
