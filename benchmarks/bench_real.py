@@ -136,10 +136,29 @@ def _ms(fn) -> float:
     return 1000 * timeit(fn, repeats=3)["median_s"]
 
 
-def measure(g, up, width: int, height: int) -> Dict:
-    from rh3dgs import render
+def stage_times(g, cam) -> Tuple[Dict[str, float], object]:
+    """Milliseconds of each stage of one RGB frame through ``cam`` (one view), each timed alone (median of 3):
+    projection, SH colours, binning + depth sort, rasterization; and the frame's projection."""
     from rh3dgs.ops import isect_tiles, project_gaussians, rasterize_to_pixels
     from rh3dgs.rendering import _sh_colors, project
+
+    W, H = int(cam.width), int(cam.height)
+    with torch.no_grad():
+        scales = g.activated_scales
+        stages = {"projection": _ms(lambda: project_gaussians(g.means, g.quats, scales, cam.viewmats, cam.Ks, W, H))}
+        proj = project(g, cam)
+        tw, th = math.ceil(W / 16), math.ceil(H / 16)
+        stages["SH colours"] = _ms(lambda: _sh_colors(g, cam))
+        stages["binning + depth sort"] = _ms(lambda: isect_tiles(proj.means2d, proj.radii, proj.depths, 16, tw, th))
+        col = _sh_colors(g, cam)
+        stages["rasterization"] = _ms(lambda: rasterize_to_pixels(proj.means2d, proj.conics, col, proj.opacities,
+                                                                  proj.depths, W, H, 16, proj.isect_offsets,
+                                                                  proj.flatten_ids))
+    return stages, proj
+
+
+def measure(g, up, width: int, height: int) -> Dict:
+    from rh3dgs import render
 
     cams = orbit_cameras(g, up, width, height)
     latents = torch.randn(len(g), LATENTS, generator=torch.Generator().manual_seed(0))
@@ -151,20 +170,8 @@ def measure(g, up, width: int, height: int) -> Dict:
         t = interleaved(fns, ROUNDS)
         rgb, sem, rgb_cpu = ([x for i in range(len(cams)) for x in t[kind][f"{name}{i}"]]
                              for kind, name in (("wall", "rgb"), ("wall", "sem"), ("cpu", "rgb")))
-        cam = cams[0:1]
+        stages, proj = stage_times(g, cams[0:1])
         W, H = width, height
-        scales = g.activated_scales
-        stages = {
-            "projection": _ms(lambda: project_gaussians(g.means, g.quats, scales, cam.viewmats, cam.Ks, W, H)),
-        }
-        proj = project(g, cam)
-        tw, th = math.ceil(W / 16), math.ceil(H / 16)
-        stages["SH colours"] = _ms(lambda: _sh_colors(g, cam))
-        stages["binning + depth sort"] = _ms(lambda: isect_tiles(proj.means2d, proj.radii, proj.depths, 16, tw, th))
-        col = _sh_colors(g, cam)
-        stages["rasterization"] = _ms(lambda: rasterize_to_pixels(proj.means2d, proj.conics, col, proj.opacities,
-                                                                  proj.depths, W, H, 16, proj.isect_offsets,
-                                                                  proj.flatten_ids))
         per_pixel = composited_per_pixel(proj, W, H)
     frame, threads = statistics.median(rgb), torch.get_num_threads()
     ideal = statistics.median(rgb_cpu) / threads  # the wall time on idle cores with perfect scaling
@@ -361,12 +368,11 @@ def _fox_render(scene_dir: Path) -> list:
         c = Cameras(cam.viewmats, K, W, H)
         with torch.no_grad():
             frame = timeit(lambda: rh3dgs.render(g, c), repeats=3)["median_s"]
-            from rh3dgs.rendering import project
-
-            proj = project(g, c)
+        stages, proj = stage_times(g, c)
         out.append({"size": f"{W}x{H}", "gaussians": len(g), "visible": int((proj.radii > 0).sum()),
                     "isects_per_pixel": proj.flatten_ids.numel() / (W * H),
-                    "composited_per_pixel": composited_per_pixel(proj, W, H)["mean"], "frame_ms": 1000 * frame})
+                    "composited_per_pixel": composited_per_pixel(proj, W, H)["mean"], "frame_ms": 1000 * frame,
+                    "stages_ms": stages})
     return out
 
 
@@ -611,11 +617,15 @@ def fox_markdown(p: Dict) -> str:
                   for q in p["plys"]]
         lines.append("")
     if p["render"]:
-        lines += ["Render of the lifted fox scene (`rh3dgs.render`, RGB, median of 3):", "",
-                  "| size | Gaussians (visible) | tile isects / pixel | composited / pixel | frame (ms) |",
-                  "|---|---|---|---|---|"]
+        names = list(p["render"][0].get("stages_ms", {}))
+        lines += ["Render of the lifted fox scene (`rh3dgs.render`, RGB, median of 3; stages timed alone, "
+                  "`stage_times`):", "",
+                  "| size | Gaussians (visible) | tile isects / pixel | composited / pixel | "
+                  + "".join(f"{n} (ms) | " for n in names) + "frame (ms) |",
+                  "|---|---|---|---|" + "---|" * len(names) + "---|"]
         lines += [f"| {r['size']} | {r['gaussians']:,} ({r['visible']:,}) | {r['isects_per_pixel']:.2f} | "
-                  f"{r['composited_per_pixel']:.1f} | {r['frame_ms']:.0f} |" for r in p["render"]]
+                  f"{r['composited_per_pixel']:.1f} | " + "".join(f"{r['stages_ms'][n]:.0f} | " for n in names)
+                  + f"{r['frame_ms']:.0f} |" for r in p["render"]]
         lines.append("")
     view = next((s for s in p["stages"] if s["stage"] == "rh3dgs view"), None)
     if view is not None:

@@ -32,11 +32,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Literal, Optional, Tuple, Union
+from typing import Annotated, List, Literal, Optional, Tuple, Union
 
 import tyro
 from tyro.conf import FlagCreatePairsOff, Positional, arg, subcommand
-from typing_extensions import Annotated
 
 from .data.synthetic import SceneConfig
 from .errors import ConfigError, Rh3dgsError

@@ -5,7 +5,8 @@
 :func:`rh3dgs.memory.memory_budget` and, over budget, raises :class:`rh3dgs.errors.MemoryLimitError`
 naming the settings that would fit (``--streaming``, ``--views-per-batch``, ``--downscale``).
 
-Training-free lift (float32 unless noted), N Gaussians, V views of H x W, teacher dim D,
+Training-free lift (float32 unless noted), N Gaussians, V views of H x W, teacher dim D (the passes' D:
+``min(D, LiftConfig.subspace)``, plus N * D_teacher * 4 for the features mapped back),
 ``b`` views per batch (``views_per_batch``, lowered so that b N <= ``max_batch_gaussians``,
 4M), ``t`` CPU threads:
 
@@ -132,6 +133,8 @@ def lift_memory_estimate(n: int, views: int, height: int, width: int, dim: int, 
     import torch
 
     n, views, height, width, dim = (max(0, int(x)) for x in (n, views, height, width, dim))
+    full_dim, sub = dim, int(_opt(cfg, "subspace") or 0)
+    dim = min(dim, sub) if sub else dim  # the passes see the maps in the teacher's principal subspace
     t = threads or torch.get_num_threads()
     vpb = int(views_per_batch if views_per_batch is not None else _opt(cfg, "views_per_batch"))
     mbg = int(max_batch_gaussians if max_batch_gaussians is not None else _opt(cfg, "max_batch_gaussians"))
@@ -141,7 +144,7 @@ def lift_memory_estimate(n: int, views: int, height: int, width: int, dim: int, 
     b = max(1, min(per_batch, views))
     hw = height * width
     detail = {
-        "gaussian_state": n * (3 * dim + 3) * 4,
+        "gaussian_state": n * (3 * dim + 3) * 4 + (n * full_dim * 4 if full_dim > dim else 0),
         "thread_accumulators": t * n * (dim + 2) * 4,
         "batch_projections": b * n * 200,
         "batch_teacher_maps": b * hw * dim * 4,

@@ -191,7 +191,8 @@ def test_compact_cache_budget(monkeypatch, budget):
         assert (info["compact_views"], info["compact_views_with_maps"]) == expected
     else:
         assert 0 < info["compact_views"] < V
-    assert len(calls) == V + (info["passes"] - 1) * (V - info["compact_views_with_maps"])
+    # + 1: view 0 read once for the teacher's dimension (LiftConfig.subspace applies when D > subspace)
+    assert len(calls) == 1 + V + (info["passes"] - 1) * (V - info["compact_views_with_maps"])
     assert torch.equal(res.features, ref.features) and torch.equal(res.weight, ref.weight)
 
 
@@ -295,3 +296,41 @@ def test_fill_gives_hidden_gaussians_the_feature_of_their_coloured_neighbours():
     # nothing observed within the radius: stays without a feature
     out2, filled2 = fill_from_neighbours(means, colors, feats, observed, radius=1e-4)
     assert not filled2.any() and torch.equal(out2, feats)
+
+
+def test_subspace_lift_equals_the_full_lift_when_the_maps_live_in_it():
+    """Maps whose rows span k <= subspace < D dimensions: the principal-subspace lift is the full-D lift
+    (the same means, mapped back to D), and it is what runs when D > subspace."""
+    gs, cams, maps8 = _scene(n=400, views=4, size=32, D=8, seed=3)
+    Q = torch.linalg.qr(torch.randn(40, 8, generator=torch.Generator().manual_seed(1)))[0]  # [40, 8] orthonormal
+    maps = maps8 @ Q.T  # [B, h, w, 40], unit rows in span(Q)
+    kw = dict(iters=3, latent_dim=4, views_per_batch=2)
+    full = lift(gs, cams, maps, LiftConfig(subspace=0, **kw), progress=False)
+    sub = lift(gs, cams, maps, LiftConfig(subspace=16, **kw), progress=False)
+    assert full.info["subspace"] is None and sub.info["subspace"] == 16
+    assert sub.features.shape == full.features.shape == (len(gs), 40)
+    assert torch.equal(sub.valid, full.valid)
+    ok = full.valid
+    assert torch.allclose(sub.features[ok].norm(dim=-1), torch.ones(int(ok.sum())), atol=1e-5)
+    assert float(geodesic_distance(sub.features[ok], full.features[ok]).max()) < 2e-3
+    # and the lift of the 8-d maps themselves, mapped through Q: the same answer again
+    small = lift(gs, cams, maps8, LiftConfig(subspace=0, **kw), progress=False)
+    assert float(geodesic_distance(sub.features[ok], small.features[ok] @ Q.T).max()) < 2e-3
+
+
+def test_subspace_lift_keeps_the_dominant_directions_of_noisy_maps():
+    """D = 96 maps: 4 class directions plus isotropic noise. In the span of the classes the 8-d subspace lift
+    gives each Gaussian the full-D answer (cosine > 0.99), with less of the noise outside it."""
+    gs, cams, _ = _scene(n=400, views=4, size=32, D=8, seed=4)
+    g = torch.Generator().manual_seed(2)
+    protos = torch.linalg.qr(torch.randn(96, 4, generator=g))[0].T  # 4 orthonormal class directions
+    cls = torch.randint(0, 4, (4, 8, 8), generator=g)
+    maps = torch.nn.functional.normalize(protos[cls] + 0.05 * torch.randn(4, 8, 8, 96, generator=g), dim=-1)
+    kw = dict(iters=3, latent_dim=0, views_per_batch=2)
+    full = lift(gs, cams, maps, LiftConfig(subspace=0, **kw), progress=False)
+    sub = lift(gs, cams, maps, LiftConfig(subspace=8, **kw), progress=False)
+    ok = full.valid
+    a, b = sub.features[ok] @ protos.T, full.features[ok] @ protos.T  # class coordinates
+    cos = (torch.nn.functional.normalize(a, dim=-1) * torch.nn.functional.normalize(b, dim=-1)).sum(-1)
+    assert float(cos.min()) > 0.99 and float(cos.median()) > 0.999
+    assert float(a.norm(dim=-1).median()) > float(b.norm(dim=-1).median()) + 0.02  # the noise removed

@@ -56,6 +56,20 @@ def test_lift_estimate_follows_lifting_rules(cfg_kw):
     assert est.peak_bytes >= est.streaming_bytes > 0
 
 
+def test_lift_estimate_counts_the_principal_subspace():
+    """A teacher with D > LiftConfig.subspace is lifted in its subspace: the passes' maps take subspace
+    channels, and the features mapped back N x D floats."""
+    from rh3dgs.lifting import LiftConfig
+
+    n, v, h, w = 100_000, 20, 64, 64
+    sub = lift_memory_estimate(n, v, h, w, 512, cfg=LiftConfig(subspace=128))
+    full = lift_memory_estimate(n, v, h, w, 512, cfg=LiftConfig(subspace=0))
+    d128 = lift_memory_estimate(n, v, h, w, 128, cfg=LiftConfig(subspace=0))
+    assert sub.detail["batch_teacher_maps"] == d128.detail["batch_teacher_maps"] < full.detail["batch_teacher_maps"]
+    assert sub.detail["gaussian_state"] == d128.detail["gaussian_state"] + n * 512 * 4
+    assert sub.peak_bytes < full.peak_bytes
+
+
 def test_preflight_names_the_knob_that_fits():
     n, views, h, w, d = 100_000, 200, 256, 256, 64
     est = lift_memory_estimate(n, views, h, w, d)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from rh3dgs.cli import main as cli_main
-from rh3dgs.errors import ConfigError
+from rh3dgs.errors import ConfigError, ShapeError
 from rh3dgs.io.transforms import load_transforms
 from rh3dgs.teachers import (
     DEFAULT_CACHE_DIRNAME,
@@ -176,3 +176,24 @@ def test_guided_upsample_removes_the_patch_halo():
 
     bilinear, guided = iou(prepare_map(coarse, (H, W))), iou(guided_upsample(coarse, image))
     assert bilinear < 0.92 and guided > 0.97, (bilinear, guided)  # measured 0.898 and 1.0
+
+
+def test_principal_basis_spans_the_maps_and_projected_maps_keep_zero_and_nan_rows():
+    from rh3dgs.teachers.maps import ProjectedMaps, principal_basis
+
+    g = torch.Generator().manual_seed(0)
+    Q = torch.linalg.qr(torch.randn(24, 3, generator=g))[0]  # the maps' rows live in span(Q)
+    maps = torch.nn.functional.normalize(torch.randn(5, 6, 7, 3, generator=g), dim=-1) @ Q.T
+    maps[0, 0, 0] = 0.0  # a zero row (no feature) is ignored
+    P = principal_basis(maps, 3, views=5)
+    assert P.shape == (24, 3) and torch.allclose(P.T @ P, torch.eye(3), atol=1e-5)
+    assert torch.allclose(P @ (P.T @ Q), Q, atol=1e-4)  # span(P) = span(Q)
+    assert torch.equal(principal_basis(maps, 3, views=5), P)  # deterministic (signs fixed)
+    proj = ProjectedMaps(maps, P, 5)
+    assert len(proj) == 5 and proj[2].shape == (6, 7, 3)
+    assert torch.allclose(proj[2] @ P.T, maps[2], atol=1e-5) and torch.equal(proj[0][0, 0], torch.zeros(3))
+    bad = maps.clone()
+    bad[1, 2, 3, 0] = float("nan")
+    assert torch.isnan(ProjectedMaps(bad, P, 5)[1][2, 3]).all()  # left where it was, for prepare_map to name
+    with pytest.raises(ShapeError, match="view 1 has 5 channels"):
+        ProjectedMaps([maps[0], torch.zeros(6, 7, 5)], P, 2)[1]

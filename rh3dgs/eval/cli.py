@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, Optional, Tuple
+from typing import Annotated, Literal, Optional, Tuple
 
 from tyro.conf import Positional, arg
-from typing_extensions import Annotated
 
 from ..errors import ConfigError
 from ..io.outputs import check_output_dir, check_output_file, prepare_output_dir, scene_inputs

@@ -38,7 +38,7 @@ from torch import Tensor
 from ..errors import ConfigError, NonFiniteError, ShapeError
 from .cache import extract_features, read_cached
 
-__all__ = ["TeacherMaps", "get_map", "map_dim", "prepare_map", "prepare_maps", "guided_upsample", "upsample_features", "load_cached",
+__all__ = ["TeacherMaps", "get_map", "map_dim", "principal_basis", "ProjectedMaps", "prepare_map", "prepare_maps", "guided_upsample", "upsample_features", "load_cached",
            "DEFAULT_CACHE_DIRNAME", "default_cache_dir", "DatasetMaps", "dataset_maps"]
 
 PathLike = Union[str, Path]
@@ -56,6 +56,65 @@ def get_map(teacher_maps: TeacherMaps, i: int) -> Tensor:
 def map_dim(teacher_maps: TeacherMaps) -> int:
     """Teacher dimension D (reads view 0)."""
     return int(get_map(teacher_maps, 0).shape[-1])
+
+
+def principal_basis(teacher_maps: TeacherMaps, k: int, views: int, max_rows: int = 16384,
+                    max_views: int = 64) -> Tensor:
+    """``[D, k]`` orthonormal columns: the top-``k`` uncentred principal directions of the maps' unit rows.
+
+    ``C = sum_p z_p z_p^T`` over a sample of the non-zero, finite unit rows ``z_p`` (up to ``max_rows``,
+    spread evenly over up to ``max_views`` of the ``views`` maps, each read at its own resolution);
+    the basis is C's top-``k`` eigenvectors, each column's largest entry made positive (deterministic).
+    Uncentred, as the lift's PCA decoder: the common direction of CLIP-like features is the first one.
+
+    >>> import torch
+    >>> m = torch.zeros(4, 4, 8); m[..., 0] = 1.0; m[:2, :, 1] = 1.0   # rows in span(e0, e1)
+    >>> P = principal_basis([m], 2, views=1)
+    >>> bool(torch.allclose(P.T @ P, torch.eye(2), atol=1e-5)), float(P[2:].abs().max()) < 1e-6
+    (True, True)
+    """
+    D = map_dim(teacher_maps)
+    idx = sorted({round(i * (views - 1) / max(1, max_views - 1)) for i in range(min(views, max_views))})
+    per = max(1, max_rows // max(1, len(idx)))
+    C = torch.zeros(D, D, dtype=torch.float64)
+    for i in idx:
+        z = get_map(teacher_maps, i).detach().float().cpu().reshape(-1, D)
+        n = torch.linalg.vector_norm(z, dim=-1)
+        z = z[torch.isfinite(z).all(-1) & (n > 1e-8)]
+        z = z[:: max(1, z.shape[0] // per)][:per]
+        z = z / torch.linalg.vector_norm(z, dim=-1, keepdim=True)
+        C += (z.T @ z).double()
+    evals, evecs = torch.linalg.eigh(C)
+    basis = evecs[:, torch.argsort(evals, descending=True)[: min(k, D)]].float()
+    sign = torch.sign(basis.gather(0, basis.abs().argmax(0, keepdim=True)))
+    return basis * torch.where(sign == 0, torch.ones_like(sign), sign)
+
+
+class ProjectedMaps(collections.abc.Sequence):
+    """``B`` teacher maps seen through a basis ``[D, k]``: map ``i`` is ``get_map(maps, i) @ basis``
+    (``[h, w, k]``; zero rows stay zero, NaN / Inf stay where they were for :func:`prepare_map` to name).
+    The lift's principal subspace (``LiftConfig.subspace``).
+
+    >>> import torch
+    >>> maps = torch.randn(2, 3, 3, 8); P = torch.linalg.qr(torch.randn(8, 4))[0]
+    >>> ProjectedMaps(maps, P, 2)[1].shape
+    torch.Size([3, 3, 4])
+    """
+
+    def __init__(self, teacher_maps: TeacherMaps, basis: Tensor, views: int):
+        self.maps, self.basis, self.views = teacher_maps, basis, int(views)
+
+    def __len__(self) -> int:
+        return self.views
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if not isinstance(i, int):
+            raise TypeError("ProjectedMaps takes one view index")
+        m = get_map(self.maps, i)
+        D = self.basis.shape[0]
+        if m.shape[-1] != D:
+            raise ShapeError(f"teacher map of view {i} has {m.shape[-1]} channels, view 0 has {D}")
+        return m.float() @ self.basis.to(m.device)
 
 
 def prepare_map(m: Tensor, size: Tuple[int, int], view: Optional[int] = None) -> Tensor:

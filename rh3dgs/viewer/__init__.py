@@ -5,7 +5,7 @@
   nerfstudio viewer plugin).
 - :mod:`rh3dgs.viewer.camera`: viser camera state <-> :class:`rh3dgs.Cameras`.
 - :mod:`rh3dgs.viewer.server`: the viser server with its per-client render loop.
-- :mod:`rh3dgs.viewer.cli`: ``add_view_parser(subparsers)`` for the ``rh3dgs`` command line.
+- :mod:`rh3dgs.viewer.cli`: the ``rh3dgs view`` command (:class:`~rh3dgs.viewer.cli.View`, over :class:`ViewerConfig`).
 
 Importing this package does not import viser; :class:`~rh3dgs.viewer.server.Viewer` does on start.
 """

@@ -8,9 +8,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 from tyro.conf import Positional, arg
-from typing_extensions import Annotated
 
 from .server import ViewerConfig
 
