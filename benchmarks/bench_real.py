@@ -386,11 +386,10 @@ def _view_stage(work: Path, scene_dir: Path, query: str, out_png: Path) -> Dict:
     headless chromium through the browser tests' driver (``tests/browser/drive_viewer.js``: the RGB frame, a
     text query's heat map, a camera drag) when chromium and the driver are installed; the server's peak
     RSS (VmHWM before it stops). The heat-map screenshot goes to ``out_png``."""
-    import re
     import time
 
     sys.path.insert(0, str(REPO / "tests"))
-    from _browser import browser_ready, run_driver, stop_server
+    from _browser import browser_ready, read_viewer_url, run_driver, stop_server
 
     cmd = ["view", str(scene_dir.relative_to(work)), "--port", "0", "--device", "cpu", "--output", "viewout"]
     rec = {"stage": "rh3dgs view", "command": "rh3dgs " + " ".join(cmd) + f" + headless chromium (query '{query}', "
@@ -399,14 +398,7 @@ def _view_stage(work: Path, scene_dir: Path, query: str, out_png: Path) -> Dict:
     proc = subprocess.Popen([sys.executable, "-m", "rh3dgs.cli", *cmd], cwd=work, env=_stage_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        url, lines = None, []
-        while url is None and time.perf_counter() - t < 600:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            m = re.search(r"open (http://127\.0\.0\.1:\d+)", line)
-            url = m.group(1) if m else None
+        url, lines = read_viewer_url(proc, 600)
         rec["ready_s"] = time.perf_counter() - t
         if url is None:
             rec["log_tail"] = [ln.rstrip() for ln in lines[-3:]]

@@ -53,6 +53,23 @@ def run_driver(script: str, args, chromium: str, timeout: float) -> dict:
     return json.loads(drv.stdout.strip().splitlines()[-1])
 
 
+def read_viewer_url(proc: subprocess.Popen, timeout: float) -> Tuple[Optional[str], list]:
+    """The ``http://127.0.0.1:PORT`` that ``rh3dgs view`` prints (its stdout a text pipe), read line by line for
+    up to ``timeout`` seconds; (None, lines) if it exits or stays silent. Returns (url, lines read)."""
+    import re
+    import time
+
+    url, lines, t0 = None, [], time.time()
+    while url is None and time.time() - t0 < timeout:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        m = re.search(r"open (http://127\.0\.0\.1:\d+)", line)
+        url = m.group(1) if m else None
+    return url, lines
+
+
 def stop_server(proc: subprocess.Popen, timeout: float) -> None:
     """Terminate a server process, killing it if it does not exit within ``timeout`` seconds."""
     proc.terminate()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _browser import decode_turbo, require_browser, run_driver, stop_server
+from _browser import decode_turbo, read_viewer_url, require_browser, run_driver, stop_server
 import torch
 
 import rh3dgs
@@ -423,14 +423,7 @@ def test_view_in_headless_chromium(tmp_path):
                              "view", str(scene_dir), "--port", "0", "--output", str(out_dir), "--device", "cpu"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
-        url, lines, t0 = None, [], time.time()
-        while url is None and time.time() - t0 < 120:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            m = re.search(r"open (http://127\.0\.0\.1:\d+)", line)
-            url = m.group(1) if m else None
+        url, lines = read_viewer_url(proc, 120)
         assert url, "viewer did not print its URL:\n" + "".join(lines)
         shots = tmp_path / "shots"
         res = run_driver("drive_viewer.js", [url, shots, "red ball"], chromium, 400)
