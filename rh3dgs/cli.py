@@ -623,11 +623,19 @@ def _usage_message(event, command: Optional[str]) -> str:
     return f"{prog}: {type(event).__name__}"
 
 
+def _global_options(argv: List[str]) -> Tuple[List[str], int]:
+    """The global options before the command (without their values) and the index of the first word after
+    them: ``rh3dgs --max-memory 8G --debug lift ...`` -> (["--max-memory", "--debug"], 3)."""
+    opts, i = [], 0
+    while i < len(argv) and argv[i].startswith("-"):
+        opts.append(argv[i])
+        i += 2 if argv[i] == "--max-memory" else 1
+    return opts, i
+
+
 def _command_of(argv: List[str]) -> Optional[str]:
     """The command ``argv`` names (the first word after the global options), if it is one of ours."""
-    i = 0
-    while i < len(argv) and argv[i].startswith("-"):
-        i += 2 if argv[i] == "--max-memory" else 1
+    i = _global_options(argv)[1]
     return argv[i] if i < len(argv) and argv[i] in COMMANDS else None
 
 
@@ -705,12 +713,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def _global_flag(argv: List[str], flag: str) -> bool:
     """Whether ``flag`` is among the options before the command (``rh3dgs --debug lift ...``)."""
-    i = 0
-    while i < len(argv) and argv[i].startswith("-"):
-        if argv[i] == flag:
-            return True
-        i += 2 if argv[i] == "--max-memory" else 1
-    return False
+    return flag in _global_options(argv)[0]
 
 
 def _one_line(text: str) -> str:
