@@ -31,6 +31,8 @@ from typing import Dict, Optional, Tuple
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the browser tests' helpers
+from _browser import browser_ready, read_viewer_url, run_driver, stop_server  # noqa: E402
 from _common import interleaved, machine, peak_rss_mb, timeit, write_results  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -266,6 +268,12 @@ sys.exit(ep.load()())
 """
 
 
+def _stage_env() -> Dict[str, str]:
+    """The environment of a stage's process: this checkout first on PYTHONPATH, one OpenMP thread unless set."""
+    return {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+
+
 def run_stage(work: Path, label: str, script: str, *args: str) -> Dict:
     """``script args`` (a console script) in a fresh interpreter: wall time, CPU time (its process tree),
     peak RSS (VmHWM, children included), exit status; its output goes to ``work/logs/<label>.log``."""
@@ -276,8 +284,7 @@ def run_stage(work: Path, label: str, script: str, *args: str) -> Dict:
     logs = work / "logs"
     logs.mkdir(exist_ok=True)
     rss_file = logs / f"{label}.rss.json"
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env = _stage_env()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     with open(logs / f"{label}.log", "w") as log:
@@ -376,20 +383,12 @@ def _fox_render(scene_dir: Path) -> list:
     return out
 
 
-def _stage_env() -> Dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-
-
 def _view_stage(work: Path, scene_dir: Path, query: str, out_png: Path) -> Dict:
     """``rh3dgs view SCENE`` on the fox scene, as a user opens it: seconds until it prints its URL, then
     headless chromium through the browser tests' driver (``tests/browser/drive_viewer.js``: the RGB frame, a
     text query's heat map, a camera drag) when chromium and the driver are installed; the server's peak
     RSS (VmHWM before it stops). The heat-map screenshot goes to ``out_png``."""
     import time
-
-    sys.path.insert(0, str(REPO / "tests"))
-    from _browser import browser_ready, read_viewer_url, run_driver, stop_server
 
     cmd = ["view", str(scene_dir.relative_to(work)), "--port", "0", "--device", "cpu", "--output", "viewout"]
     rec = {"stage": "rh3dgs view", "command": "rh3dgs " + " ".join(cmd) + f" + headless chromium (query '{query}', "
@@ -459,9 +458,6 @@ def _ensure_system() -> Optional[str]:
     """COLMAP and ffmpeg (``ns-process-data images``) and the headless browser (the view stage): the
     project's own set-up installs what is missing (``scripts/setup_system.sh colmap test``, idempotent);
     returns its last line when it could not, else None."""
-    sys.path.insert(0, str(REPO / "tests"))
-    from _browser import browser_ready
-
     if shutil.which("colmap") and shutil.which("ffmpeg") and browser_ready()[0]:
         return None
     print("[fox] installing COLMAP / ffmpeg / the browser: scripts/setup_system.sh colmap test", flush=True)

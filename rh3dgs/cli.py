@@ -43,6 +43,7 @@ from .eval.cli import Eval
 from .io.outputs import check_not_input, check_output_dir, check_output_file, prepare_output_dir, scene_inputs
 from .io.transforms import ImageOptions
 from .lifting import LiftConfig
+from .presets import as_config, load_preset
 from .progress import track
 from .query import CANONICAL_NEGATIVES, THRESHOLD, format_queries, parse_queries
 from .teachers import TeacherConfig
@@ -63,11 +64,10 @@ class TeacherOptions(TeacherConfig):
 
     name: Annotated[str, arg(name="teacher", help="clip | tiny-clip | precomputed (the commands' default: "
                                                   "precomputed, the maps of DATA/features)")] = "precomputed"
-    cache_dir: Annotated[Optional[str], arg(name="cache", help="feature cache folder (default DATA/.rh3dgs_cache, "
-                                                               "as for ns-train rh3dgs)")] = TeacherConfig.cache_dir
+    cache_dir: Annotated[Optional[str], arg(name="cache")] = TeacherConfig.cache_dir
 
     def config(self) -> TeacherConfig:
-        return _as(TeacherConfig, self)
+        return as_config(TeacherConfig, self)
 
 
 @dataclass
@@ -78,7 +78,7 @@ class LiftOptions(LiftConfig):
     use_vcd: Annotated[bool, arg(name="vcd")] = LiftConfig.use_vcd
 
     def config(self) -> LiftConfig:
-        return _as(LiftConfig, self)
+        return as_config(LiftConfig, self)
 
 
 @dataclass
@@ -89,18 +89,14 @@ class SceneOptions(SceneConfig):
     image_size: Annotated[int, arg(name="size")] = SceneConfig.image_size
 
     def config(self, **changes) -> SceneConfig:
-        return dataclasses.replace(_as(SceneConfig, self), **changes)
-
-
-def _as(cls, obj):
-    """``obj`` (an instance of a subclass of the dataclass ``cls``) as a plain ``cls``."""
-    return cls(**{f.name: getattr(obj, f.name) for f in dataclasses.fields(cls)})
+        return dataclasses.replace(as_config(SceneConfig, self), **changes)
 
 
 Output = Annotated[str, arg(metavar="PATH")]
 ScenePath = Annotated[str, Positional, arg(metavar="SCENE")]
 Teacher = Annotated[TeacherOptions, arg(name="")]  # its fields without a prefix: --teacher, --model...
 Images = Annotated[ImageOptions, arg(name="")]  # --downscale, --skip-missing-images, --no-undistort
+Overwrite = Annotated[bool, arg(help="replace existing outputs")]
 
 
 @contextlib.contextmanager
@@ -180,8 +176,7 @@ class Synth:
     output: Output
     """dataset folder to write"""
     scene: Annotated[SceneOptions, arg(name="")] = field(default_factory=SceneOptions)
-    overwrite: bool = False
-    """replace existing outputs"""
+    overwrite: Overwrite = False
 
     def main(self) -> int:
         from .data.synthetic import make_scene, write_dataset
@@ -205,8 +200,7 @@ class Render:
     output: Output
     """folder of the RGB, depth and alpha PNGs"""
     images: Images = field(default_factory=ImageOptions)
-    overwrite: bool = False
-    """replace existing outputs"""
+    overwrite: Overwrite = False
 
     def main(self) -> int:
         import torch
@@ -243,8 +237,7 @@ class Demo:
     scene: Annotated[SceneOptions, arg(name="")] = field(default_factory=SceneOptions)
     no_semantic: bool = False
     """only render, skip lift and queries"""
-    overwrite: bool = False
-    """replace existing outputs"""
+    overwrite: Overwrite = False
 
     def main(self) -> int:
         import torch
@@ -392,8 +385,7 @@ class Lift:
     """keep nothing across the IRLS passes (least memory; cache_projections and compact_cache False)"""
     teacher: Teacher = field(default_factory=TeacherOptions)
     images: Images = field(default_factory=ImageOptions)
-    overwrite: bool = False
-    """replace existing outputs"""
+    overwrite: Overwrite = False
 
     def main(self) -> int:
         from .io.frames import to_data_frame
@@ -462,8 +454,7 @@ class Query:
     threshold: Threshold = THRESHOLD
     views: Annotated[Optional[Tuple[int, ...]], arg(metavar="INT ...")] = None
     """camera indices (default: all)"""
-    overwrite: bool = False
-    """replace existing outputs"""
+    overwrite: Overwrite = False
 
     def main(self) -> int:
         from .api import load
@@ -506,8 +497,8 @@ class Query:
         return 0
 
 
-Latents = Annotated[bool, arg(help="add the field's latents as sem_* columns (read by rh3dgs; "
-                                                       "other tools ignore them)")]
+Latents = Annotated[bool, arg(help="add the field's latents as sem_* columns (read by rh3dgs; other tools "
+                                  "ignore them)")]
 LatentDtype = Annotated[Literal["float32", "float16"],
                         arg(help="with --latents: float32 (a standard PLY float) or float16 (compact, rh3dgs-only)")]
 
@@ -526,8 +517,7 @@ class Select:
     negatives: Negatives = None
     latents: Latents = False
     latent_dtype: LatentDtype = "float32"
-    overwrite: bool = False
-    """replace existing outputs"""
+    overwrite: Overwrite = False
 
     def main(self) -> int:
         from .api import load
@@ -546,14 +536,13 @@ class Select:
 class Export:
     """Write a scene as one plain 3DGS PLY (--latents: with sem_* latents)."""
 
-    scene: Annotated[str, Positional, arg(metavar="SCENE")]
+    scene: ScenePath
     """semantic scene folder, ns-train config.yml or PLY"""
     output: Output
     """PLY file to write"""
     latents: Latents = False
     latent_dtype: LatentDtype = "float32"
-    overwrite: bool = False
-    """replace existing outputs"""
+    overwrite: Overwrite = False
 
     def main(self) -> int:
         from .api import load
@@ -589,21 +578,20 @@ _CONVERSIONS = (("invalid literal for int() with base 10: ", "invalid int value:
                 ("could not convert string to float: ", "invalid float value: "))
 
 
-def _usage_message(event, command: Optional[str]) -> str:
-    """One line for tyro's parse-error ``event`` (tyro 1.0's ``_errors`` events); ``command``: the command
-    the command line names (None: none, or not one of ours)."""
+def _usage_message(event, prog: str) -> str:
+    """One line for tyro's parse-error ``event`` (tyro 1.0's ``_errors`` events) of the command line of ``prog``
+    ("rh3dgs" or "rh3dgs COMMAND")."""
     from tyro import _errors as E
 
     def name(a) -> str:
         return a.lowered.metavar if a.is_positional() and a.lowered.metavar else a.display_name()
 
-    prog = event.prog if event.prog != "rh3dgs" or command is None else f"rh3dgs {command}"
     if isinstance(event, E.MissingSubcommand):
         names = [n for n in event.subcommand_spec.parser_from_name]
         return f"{prog}: no command given; one of {', '.join(names)}"
     if isinstance(event, E.UnrecognizedArgs):
         tok = event.tokens
-        if command is None and tok and not tok[0].startswith("-"):
+        if prog == "rh3dgs" and tok and not tok[0].startswith("-"):
             return f"rh3dgs: unknown command {tok[0]!r}"
         return f"{prog}: unrecognized arguments: {' '.join(tok)}"
     if isinstance(event, E.MissingArgs):
@@ -641,27 +629,18 @@ def _command_of(argv: List[str]) -> Optional[str]:
 
 def _tyro(argv: List[str], default=None) -> Rh3dgs:
     """tyro over :class:`Rh3dgs`; a command line that does not parse raises :class:`UsageError` (one line)."""
+    from tyro._errors import on_parse_error  # tyro 1.0's parse-error events (pinned: tyro>=1.0.17,<1.1)
+
     command = _command_of(argv)
+    prog = f"rh3dgs {command}" if command else "rh3dgs"
 
     def hook(event):
-        prog = f"rh3dgs {command}" if command else "rh3dgs"
-        raise UsageError(f"{_usage_message(event, command)} (see {prog} --help)")
+        raise UsageError(f"{_usage_message(event, prog)} (see {prog} --help)")
 
-    try:
-        from tyro._errors import on_parse_error  # tyro >= 1.0 (its parse-error events)
-    except ImportError:  # pragma: no cover - an older tyro: its own message, reported after the fact
-        on_parse_error = None
     # booleans as one flag each, named for the change from the default: --overwrite, --no-vcd, --no-guided
     kwargs = dict(args=argv, prog="rh3dgs", config=(FlagCreatePairsOff,))
     if default is not None:
         kwargs["default"] = default
-    if on_parse_error is None:  # pragma: no cover
-        try:
-            return tyro.cli(Rh3dgs, console_outputs=False, **kwargs)
-        except SystemExit as exc:
-            if exc.code in (0, None):
-                raise
-            raise UsageError("rh3dgs: the command line does not parse (see rh3dgs --help)") from None
     with on_parse_error(hook):
         return tyro.cli(Rh3dgs, **kwargs)
 
@@ -676,9 +655,7 @@ def parse(argv: List[str]) -> Rh3dgs:
     root = _tyro(argv)
     cmd = root.command
     if isinstance(cmd, Lift) and cmd.config:
-        from .presets import load_preset
-
-        preset = _as(LiftOptions, load_preset(cmd.config, LiftConfig))
+        preset = as_config(LiftOptions, load_preset(cmd.config, LiftConfig))
         default = Rh3dgs(command=Lift(scene=tyro.MISSING, data=tyro.MISSING, output=tyro.MISSING, lift=preset))
         root = _tyro(argv, default=default)
     return root

@@ -12,7 +12,7 @@ from typing import Any, Type, TypeVar, Union, get_type_hints
 
 from .errors import ConfigError
 
-__all__ = ["load_preset"]
+__all__ = ["load_preset", "as_config"]
 
 T = TypeVar("T")
 
@@ -54,3 +54,20 @@ def load_preset(path: Union[str, Path], cls: Type[T]) -> T:
     except (yaml.YAMLError, ValueError, RecursionError) as exc:  # ValueError: bad UTF-8, ints over 4300 digits
         raise ConfigError(f"{p}: not valid YAML ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
     return _build(cls, data or {}, p, "")
+
+
+def as_config(cls: Type[T], obj: Any) -> T:
+    """``obj``, an instance of a subclass of the config dataclass ``cls`` (e.g. a command line's renamed view of
+    it), as a plain ``cls`` with the same field values.
+
+    >>> import dataclasses
+    >>> @dataclasses.dataclass
+    ... class A:
+    ...     x: int = 1
+    >>> @dataclasses.dataclass
+    ... class B(A):
+    ...     x: int = 2
+    >>> as_config(A, B())
+    A(x=2)
+    """
+    return cls(**{f.name: getattr(obj, f.name) for f in dataclasses.fields(cls)})

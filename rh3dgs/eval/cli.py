@@ -67,9 +67,9 @@ def cmd_eval(args) -> int:
             raise ConfigError("rh3dgs eval: give either SCENE --data DATASET or --suite, not both")
         over = {}
         if args.layouts is not None:
-            over["layouts"] = tuple(args.layouts)
+            over["layouts"] = args.layouts
         if args.teachers is not None:
-            over["teachers"] = tuple(args.teachers)
+            over["teachers"] = args.teachers
         if args.seed is not None:
             over["seed"] = int(args.seed)
         if args.steps is not None:

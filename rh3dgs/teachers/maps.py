@@ -73,17 +73,18 @@ def principal_basis(teacher_maps: TeacherMaps, k: int, views: int, max_rows: int
     >>> bool(torch.allclose(P.T @ P, torch.eye(2), atol=1e-5)), float(P[2:].abs().max()) < 1e-6
     (True, True)
     """
-    D = map_dim(teacher_maps)
     idx = sorted({round(i * (views - 1) / max(1, max_views - 1)) for i in range(min(views, max_views))})
     per = max(1, max_rows // max(1, len(idx)))
-    C = torch.zeros(D, D, dtype=torch.float64)
-    for i in idx:
-        z = get_map(teacher_maps, i).detach().float().cpu().reshape(-1, D)
+    C = None
+    for i in idx:  # each map read once (view 0 first: its channels are D)
+        m = get_map(teacher_maps, i)
+        D = int(m.shape[-1]) if C is None else C.shape[0]
+        z = m.detach().float().cpu().reshape(-1, D)
         n = torch.linalg.vector_norm(z, dim=-1)
         z = z[torch.isfinite(z).all(-1) & (n > 1e-8)]
         z = z[:: max(1, z.shape[0] // per)][:per]
         z = z / torch.linalg.vector_norm(z, dim=-1, keepdim=True)
-        C += (z.T @ z).double()
+        C = (z.T @ z).double() if C is None else C + (z.T @ z).double()
     evals, evecs = torch.linalg.eigh(C)
     basis = evecs[:, torch.argsort(evals, descending=True)[: min(k, D)]].float()
     sign = torch.sign(basis.gather(0, basis.abs().argmax(0, keepdim=True)))

@@ -5,13 +5,13 @@ The command is the dataclass :class:`View` (a subcommand of ``rh3dgs.cli.Rh3dgs`
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
 from tyro.conf import Positional, arg
 
+from ..presets import as_config
 from .server import ViewerConfig
 
 __all__ = ["View", "ViewerOptions", "cmd_view"]
@@ -21,8 +21,6 @@ __all__ = ["View", "ViewerOptions", "cmd_view"]
 class ViewerOptions(ViewerConfig):
     """:class:`ViewerConfig` with ``output_dir`` as ``--output``."""
 
-    host: Annotated[str, arg(help="address to bind (default 127.0.0.1: this machine only; e.g. 0.0.0.0 exposes "
-                                  "the viewer to the network, with a warning)")] = ViewerConfig.host
     output_dir: Annotated[Path, arg(name="output", help="folder the export button writes selections to")] = \
         ViewerConfig.output_dir
 
@@ -59,7 +57,7 @@ def cmd_view(args) -> int:
     from ..io.outputs import check_not_input, scene_inputs
     from .server import Viewer
 
-    cfg = ViewerConfig(**{f.name: getattr(args.viewer, f.name) for f in dataclasses.fields(ViewerConfig)})
+    cfg = as_config(ViewerConfig, args.viewer)
     check_not_input(cfg.output_dir, scene_inputs(args.path))  # the export button's folder
     scene = load(args.path, device=_device(args.device))
     viewer = Viewer(scene, cfg)
