@@ -99,10 +99,10 @@ class LiftConfig:
     """Give the Gaussians the views do not see (invalid ones) the feature of their observed 3D neighbours
     (:func:`fill_from_neighbours`), marked in ``LiftResult.filled``: the inside and underside of an object
     then answer its query like the rest of it."""
-    fill_neighbors: int = 16
-    """Observed neighbours a filled Gaussian's feature is taken from."""
-    fill_color_sigma: float = 0.1
-    """Colour similarity scale of the fill weights (RGB in [0, 1])."""
+    fill_neighbors: int = 512
+    """Observed neighbours a filled Gaussian's feature is taken from (many: colour picks among them)."""
+    fill_color_sigma: float = 0.05
+    """Colour similarity scale of the fill's bilateral weights (RGB in [0, 1])."""
     fill_radius: Optional[float] = None
     """Neighbours farther than this are not used (None: 10 % of the scene's extent, the 2-98 % box diagonal)."""
     subspace: int = 128

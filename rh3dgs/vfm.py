@@ -194,7 +194,7 @@ def mean_loss(
         kept = (count >= cfg.min_region_pixels) & (wsum > 0)
     common = dict(segment_ids=seg_u, num_segments=S, delta=delta, max_iters=cfg.mean_iters, tol=cfg.mean_tol)
     mu_t, _ = robust_frechet_mean(zt_u, w_u, differentiable=False, **common)
-    mu_s, _ = robust_frechet_mean(zs_u, w_u, differentiable=True, **common)
+    mu_s, _ = robust_frechet_mean(zs_u, w_u, differentiable=True, init=mu_t, **common)  # from the teacher's
     dist = geodesic_distance(mu_s, mu_t.detach())
     per = dist * dist if cfg.mean_loss == "squared" else huber(dist, delta)
     n_kept = int(kept.sum().item())

@@ -293,6 +293,21 @@ def test_fill_gives_hidden_gaussians_the_feature_of_their_coloured_neighbours():
     assert (out[n1 + n2:n1 + n2 + 30].argmax(-1) == 0).all()  # hidden floor -> floor
     assert (out[n1 + n2 + 30:].argmax(-1) == 1).all()  # box bottom -> box
     torch.testing.assert_close(out[n1 + n2:].norm(dim=-1), torch.ones(60))
+    # the nearest observed Gaussians are the other surface's (a wall touching the floor): colour still decides
+    wall = torch.cat([torch.full((60, 1), 0.26), torch.rand(60, 1, generator=g) * 0.5 - 0.25,
+                      torch.rand(60, 1, generator=g) * 0.3], 1)
+    m3 = torch.cat([means[:n1 + n2], wall, torch.tensor([[0.25, 0.0, 0.0]])])
+    c3 = torch.cat([colors[:n1 + n2], blue.expand(60, 3), grey[None]])
+    f3 = torch.cat([feats[:n1 + n2], torch.tensor([[0.0, 1.0]]).expand(60, 2), torch.zeros(1, 2)])
+    o3 = torch.ones(len(m3), dtype=torch.bool)
+    o3[-1] = False
+    out3, _ = fill_from_neighbours(m3, c3, f3, o3, radius=1.0)
+    assert int(out3[-1].argmax()) == 0
+    # a colour unlike any neighbour's (weights that would underflow): filled all the same, by distance
+    c4 = c3.clone()
+    c4[-1] = torch.tensor([1.0, 0.0, 0.0])
+    out4, filled4 = fill_from_neighbours(m3, c4, f3, o3, radius=1.0, color_sigma=0.01)
+    assert filled4[-1] and torch.isfinite(out4[-1]).all() and abs(float(out4[-1].norm()) - 1.0) < 1e-5
     # nothing observed within the radius: stays without a feature
     out2, filled2 = fill_from_neighbours(means, colors, feats, observed, radius=1e-4)
     assert not filled2.any() and torch.equal(out2, feats)

@@ -27,7 +27,8 @@ Protocols (queries = the class names of ``classes.txt``):
     over **every** Gaussian of opacity > ``min_opacity`` (0.1); a Gaussian without a feature
     counts as "no class" (``miou_3d``). ``miou_3d_nofill``: the same with the Gaussians whose
     feature was filled from their 3D neighbours counted as "no class" (what the lift gives
-    without filling).
+    without filling). ``miou_3d_fill_ceiling``: the same with every filled Gaussian given its true
+    class, what a perfect filling would give (a bound for the evaluation; the lift never sees it).
 """
 from __future__ import annotations
 
@@ -105,7 +106,7 @@ def score_views(field_, latent_maps: Sequence[torch.Tensor], alphas: Sequence[to
 
 def score_gaussians(field_, text: torch.Tensor, gt_class_ids: np.ndarray, opacities: torch.Tensor,
                     min_opacity: float = 0.1) -> Dict[str, float]:
-    """3D scores (module docstring): ``miou_3d`` and ``miou_3d_nofill`` over Gaussians of opacity > ``min_opacity``."""
+    """3D scores (module docstring): ``miou_3d``, ``miou_3d_nofill`` and ``miou_3d_fill_ceiling`` over Gaussians of opacity > ``min_opacity``."""
     K = text.shape[0]
     pred = (field_.decode() @ text.T.to(field_.latents)).argmax(-1)
     keep = (opacities.detach().to(pred.device) > min_opacity).cpu().numpy()
@@ -117,8 +118,11 @@ def score_gaussians(field_, text: torch.Tensor, gt_class_ids: np.ndarray, opacit
         p2 = p.copy()
         p2[field_.filled.cpu().numpy()] = -1
         out["miou_3d_nofill"] = miou_3d(p2[keep], gt_class_ids[keep], num_classes=K)
+        f = field_.filled.cpu().numpy()
+        p2[f] = gt_class_ids[f]
+        out["miou_3d_fill_ceiling"] = miou_3d(p2[keep], gt_class_ids[keep], num_classes=K)
     else:
-        out["miou_3d_nofill"] = out["miou_3d"]
+        out["miou_3d_nofill"] = out["miou_3d_fill_ceiling"] = out["miou_3d"]
     return out
 
 
