@@ -27,7 +27,7 @@ def fill_from_neighbours(means: Tensor, colors: Tensor, features: Tensor, observ
     Colour decides and distance breaks ties within the neighbourhood, so that the floor under a box takes
     the floor's feature and the box's underside the box's, even where the nearest observed Gaussians are
     the other surface's (the wall of a box touches the floor it stands on). The weights are taken relative
-    to each row's largest (log domain), so a Gaussian with any observed neighbour in ``radius`` is filled
+    to each row's largest (a softmax of the log weights), so a Gaussian with any observed neighbour in ``radius`` is filled
     whatever its colour. Gaussians with none stay without a feature. Memory: ``[M, k]`` weights for the M
     filled Gaussians (a sparse product, no ``[M, k, D]`` gather).
 
@@ -72,9 +72,8 @@ def fill_from_neighbours(means: Tensor, colors: Tensor, features: Tensor, observ
             continue
         jj = src[j[got].clamp_max(len(src) - 1)]
         dc2 = ((col[jj] - col[rows[got]][:, None]) ** 2).sum(-1)
-        logw = -dc2 / (2.0 * color_sigma ** 2) - dist[got].clamp_max(radius) ** 2 / (2.0 * (0.5 * radius) ** 2)
-        logw = torch.where(ok[got], logw, torch.full_like(logw, -torch.inf))
-        w = torch.exp(logw - logw.amax(1, keepdim=True))  # each row's best neighbour: weight 1
+        # log weights; a missing neighbour's inf distance gives -inf, weight 0 (softmax: no underflow)
+        w = torch.softmax(-dc2 / (2.0 * color_sigma ** 2) - dist[got] ** 2 / (2.0 * (0.5 * radius) ** 2), dim=1)
         r = torch.arange(len(jj))[:, None].expand_as(w)
         W = torch.sparse_coo_tensor(torch.stack([r.reshape(-1), jj.reshape(-1)]), w.reshape(-1), (len(jj), N),
                                     check_invariants=False).coalesce().to(features.dtype).to(features.device)

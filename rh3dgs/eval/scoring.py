@@ -115,10 +115,10 @@ def score_gaussians(field_, text: torch.Tensor, gt_class_ids: np.ndarray, opacit
     p = pred.cpu().numpy()
     out = {"miou_3d": miou_3d(p[keep], gt_class_ids[keep], num_classes=K)}
     if field_.filled is not None:
-        p2 = p.copy()
-        p2[field_.filled.cpu().numpy()] = -1
-        out["miou_3d_nofill"] = miou_3d(p2[keep], gt_class_ids[keep], num_classes=K)
         f = field_.filled.cpu().numpy()
+        p2 = p.copy()
+        p2[f] = -1
+        out["miou_3d_nofill"] = miou_3d(p2[keep], gt_class_ids[keep], num_classes=K)
         p2[f] = gt_class_ids[f]
         out["miou_3d_fill_ceiling"] = miou_3d(p2[keep], gt_class_ids[keep], num_classes=K)
     else:
