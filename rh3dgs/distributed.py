@@ -11,6 +11,7 @@ destroys it on exit.
 from __future__ import annotations
 
 import contextlib
+import gc
 import datetime
 import os
 from dataclasses import dataclass
@@ -67,3 +68,8 @@ def process_group_from_env(timeout_s: float = 1800.0) -> Iterator[Optional[DistI
     finally:
         if owned:
             dist.destroy_process_group()
+            # free what still holds the group now, while the interpreter is alive: left to the
+            # collection at interpreter exit, a gloo thread still releasing the last collective's
+            # tensors cannot take the GIL and the process aborts ("terminate called without an
+            # active exception"; 3 of about 50 two-rank `rh3dgs extract` runs here, 0 of 40 with this)
+            gc.collect()
