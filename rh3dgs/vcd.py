@@ -253,8 +253,11 @@ def reliability_weights(
         w_op = (A / cfg.opacity_ref).clamp(0.0, 1.0) ** cfg.opacity_power if cfg.use_opacity else ones
         w_var = torch.exp(-relvar / cfg.variance_scale) if cfg.use_variance else ones
 
-        g_depth = _dilate(_depth_edges(dbar, cfg.eps), cfg.edge_radius)
-        if features is not None:
+        # edge strengths only where they are used (or asked for): the objective's default has no edge term
+        want_depth = return_terms or (cfg.use_edge and cfg.edge_depth)
+        want_feat = return_terms or (cfg.use_edge and cfg.edge_features)
+        g_depth = _dilate(_depth_edges(dbar, cfg.eps), cfg.edge_radius) if want_depth else torch.zeros_like(A)
+        if features is not None and want_feat:
             feats = features.detach().to(dtype)
             if not torch.isfinite(feats).all():
                 raise NonFiniteError("reliability_weights: features contain NaN/Inf")
