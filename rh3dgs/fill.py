@@ -16,25 +16,28 @@ __all__ = ["fill_from_neighbours"]
 
 
 def fill_from_neighbours(means: Tensor, colors: Tensor, features: Tensor, observed: Tensor, k: int = 512,
-                         color_sigma: float = 0.05, radius: Optional[float] = None) -> Tuple[Tensor, Tensor]:
+                         color_sigma: float = 0.05, radius: Optional[float] = None,
+                         confidence: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """Features for the Gaussians without one, from their observed 3D neighbours.
 
     For every Gaussian i with ``observed[i] = False``, its ``k`` nearest observed Gaussians j within
     ``radius`` r (scipy ``cKDTree``) vote with the bilateral weight::
 
-        w_ij = exp(-|c_i - c_j|^2 / (2 sigma_c^2) - d_ij^2 / (2 (r / 2)^2)),   f_i = normalize(sum_j w_ij f_j)
+        w_ij = q_j exp(-|c_i - c_j|^2 / (2 sigma_c^2) - d_ij^2 / (2 (r / 2)^2)),   f_i = normalize(sum_j w_ij f_j)
 
     Colour decides and distance breaks ties within the neighbourhood, so that the floor under a box takes
     the floor's feature and the box's underside the box's, even where the nearest observed Gaussians are
     the other surface's (the wall of a box touches the floor it stands on). The weights are taken relative
     to each row's largest (a softmax of the log weights), so a Gaussian with any observed neighbour in ``radius`` is filled
-    whatever its colour. Gaussians with none stay without a feature. Memory: ``[M, k]`` weights for the M
-    filled Gaussians (a sparse product, no ``[M, k, D]`` gather).
+    whatever its colour. Gaussians with none stay without a feature. ``q_j`` is the neighbour's
+    ``confidence`` (1 when None): the lift passes its visibility squared, since an observed Gaussian seen
+    mostly through the surface in front of it (the floor at the foot of a box) carries some of that surface's
+    feature. Memory: ``[M, k]`` weights for the M filled Gaussians (a sparse product, no ``[M, k, D]`` gather).
 
     Args:
         means [N, 3], colors [N, 3] in [0, 1], features [N, D] unit rows, observed [N] bool;
         k: observed neighbours per filled Gaussian; color_sigma: sigma_c; radius: r (None: 10 % of the
-        diagonal of the means' 2-98 % box).
+        diagonal of the means' 2-98 % box); confidence: [N] > 0 vote weights of the observed Gaussians.
     Returns:
         ``(features [N, D], filled [N] bool)``: observed rows unchanged, filled rows set.
 
@@ -60,6 +63,7 @@ def fill_from_neighbours(means: Tensor, colors: Tensor, features: Tensor, observ
     kk = min(int(k), len(src))
     tree = cKDTree(pts[src].numpy())
     col = colors.detach().double().cpu()
+    conf = None if confidence is None else confidence.detach().double().cpu().clamp_min(1e-12)
     out = features.clone()
     chunk = max(1, (1 << 22) // kk)  # rows per chunk: ~4M (row, neighbour) pairs at a time
     for a in range(0, len(todo), chunk):
@@ -74,6 +78,8 @@ def fill_from_neighbours(means: Tensor, colors: Tensor, features: Tensor, observ
         dc2 = ((col[jj] - col[rows[got]][:, None]) ** 2).sum(-1)
         # log weights; a missing neighbour's inf distance gives -inf, weight 0 (softmax: no underflow)
         w = torch.softmax(-dc2 / (2.0 * color_sigma ** 2) - dist[got] ** 2 / (2.0 * (0.5 * radius) ** 2), dim=1)
+        if conf is not None:
+            w = w * conf[jj]
         r = torch.arange(len(jj))[:, None].expand_as(w)
         W = torch.sparse_coo_tensor(torch.stack([r.reshape(-1), jj.reshape(-1)]), w.reshape(-1), (len(jj), N),
                                     check_invariants=False).coalesce().to(features.dtype).to(features.device)

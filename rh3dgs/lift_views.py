@@ -38,7 +38,7 @@ from .ops import Contributions, aggregate_sphere, aggregate_sphere_replay
 from .ops._backend import has_native_kernel
 from .progress import track
 from .rendering import Projection, render
-from .teachers.maps import TeacherMaps, get_map, guided_upsample, map_dim, prepare_map
+from .teachers.maps import TeacherMaps, get_map, guided_upsample, map_dim, prepare_map, region_fraction
 from .vcd import pixel_weights
 
 __all__ = ["LiftViews", "CachePlan", "cache_plan", "CACHE_BYTES"]
@@ -220,9 +220,13 @@ class LiftViews:
         with torch.no_grad():
             r = render(self.gaussians, self.cameras[idx], self._ones, rgb=cfg.guided, tile_size=cfg.tile_size)
         self._guide = r.rgb
-        maps = self.get_maps(idx, self._raws if self.plan.cache == "compact" else None, r.rgb)
+        maps = self.get_maps(idx, self._raws, r.rgb)
+        regions = (region_fraction(self._raws, (self.H, self.W)).to(self.dev)
+                   if cfg.use_vcd and cfg.vcd.segment_power > 0 else None)
         w = pixel_weights(r.alpha, r.d1, r.d2, maps, use_vcd=cfg.use_vcd, vcd=cfg.vcd, min_coverage=cfg.min_coverage,
-                          footprint=self.footprint)
+                          footprint=self.footprint, region_fraction=regions)
+        if self.plan.cache != "compact":
+            self._raws.clear()
         if self.plan.cache == "full":
             self.cached[ci] = (r.projection, w, maps)
         return r.projection, w, maps

@@ -103,6 +103,10 @@ class LiftConfig:
     """Observed neighbours a filled Gaussian's feature is taken from (many: colour picks among them)."""
     fill_color_sigma: float = 0.05
     """Colour similarity scale of the fill's bilateral weights (RGB in [0, 1])."""
+    fill_visibility_power: float = 2.0
+    """An observed neighbour's vote is weighted by its visibility to this power (0: equal votes): one seen mostly
+    through the surface in front of it carries some of that surface's feature. Development draws (seed 1000,
+    20 pairs): filling's 3D gain +5.14 (power 0) -> +5.28 (0.5) -> +5.34 (1) -> +5.41 (2), of a +5.86 ceiling."""
     fill_radius: Optional[float] = None
     """Neighbours farther than this are not used (None: 10 % of the scene's extent, the 2-98 % box diagonal)."""
     subspace: int = 128
@@ -143,6 +147,8 @@ class LiftConfig:
     def __post_init__(self) -> None:
         if self.method not in ("robust", "karcher", "euclidean"):
             raise ConfigError(f"LiftConfig.method must be 'robust', 'karcher' or 'euclidean', got {self.method!r}")
+        if not self.fill_visibility_power >= 0:
+            raise ConfigError(f"LiftConfig.fill_visibility_power must be >= 0, got {self.fill_visibility_power}")
         if not 0.0 <= self.min_visibility <= 1.0:
             raise ConfigError(f"LiftConfig.min_visibility must be in [0, 1], got {self.min_visibility}")
         if not self.delta > 0:
@@ -250,7 +256,8 @@ def lift(
     if cfg.fill and N > 0:
         colors = (0.28209479177387814 * gaussians.sh0[:, 0].detach() + 0.5).clamp(0.0, 1.0)
         mu, filled = fill_from_neighbours(gaussians.means, colors, mu, observed, cfg.fill_neighbors,
-                                          cfg.fill_color_sigma, cfg.fill_radius)
+                                          cfg.fill_color_sigma, cfg.fill_radius,
+                                          confidence=visibility.clamp(0.0, 1.0) ** cfg.fill_visibility_power)
         valid = observed | filled
     if basis is not None:  # back to the teacher's space: unit rows stay unit (orthonormal columns)
         mu = mu @ basis.T

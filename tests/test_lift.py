@@ -11,6 +11,7 @@ from rh3dgs.lifting import LiftConfig, lift
 from rh3dgs.ops._ref import _ref_tile_contributions
 from rh3dgs.rendering import render
 from rh3dgs.sphere import geodesic_distance, robust_frechet_mean
+from rh3dgs.teachers.maps import region_fraction
 from rh3dgs.vcd import pixel_weights
 
 
@@ -31,8 +32,9 @@ def _explicit(gs, cams, maps, cfg):
 
             up[v] = guided_upsample(torch.nn.functional.normalize(maps[v], dim=-1), r.rgb[0], cfg.guide_sigma_color)
         footprint = W / maps.shape[2] if cfg.teacher_footprint is None else cfg.teacher_footprint
+        regions = region_fraction(maps[v], (H, W))[None] if cfg.vcd.segment_power > 0 else None  # the maps as given
         wbar = pixel_weights(r.alpha, r.d1, r.d2, up[v:v + 1], use_vcd=cfg.use_vcd, vcd=cfg.vcd,
-                             min_coverage=cfg.min_coverage, footprint=footprint)
+                             min_coverage=cfg.min_coverage, footprint=footprint, region_fraction=regions)
         p = r.projection
         for _, pix, ids, w, _ in _ref_tile_contributions(p.means2d, p.conics, p.opacities, W, H, p.tile_size,
                                                          p.isect_offsets, p.flatten_ids):
@@ -67,6 +69,34 @@ def test_lift_matches_explicit_frechet_mean(method, use_vcd):
     # PCA decoder: orthonormal columns, decoding reproduces the features' projection
     torch.testing.assert_close(res.decoder.T @ res.decoder, torch.eye(4), atol=1e-5, rtol=0)
     torch.testing.assert_close(res.latents, res.features @ res.decoder)
+
+
+def test_lift_of_mask_maps_matches_explicit_frechet_mean_with_mask_specificity():
+    """A mask teacher (piecewise-constant maps at the image's resolution, masks of unequal size): the lift's
+    pixel weights carry VCD's mask-specificity term, and the lift still equals the explicit robust mean."""
+    from rh3dgs.vcd import VCDConfig
+
+    gs, cams, _ = _scene()
+    g = torch.Generator().manual_seed(3)
+    H = W = cams.width
+    maps = []
+    for v in range(len(cams)):  # per view, 7 Voronoi masks with random embeddings
+        seeds = torch.rand(7, 2, generator=g) * H
+        yy, xx = torch.meshgrid(torch.arange(H) + 0.5, torch.arange(W) + 0.5, indexing="ij")
+        owner = ((torch.stack([yy, xx], -1)[:, :, None] - seeds) ** 2).sum(-1).argmin(-1)
+        maps.append(torch.nn.functional.normalize(torch.randn(7, 8, generator=g) + 1.5, dim=-1)[owner])
+    maps = torch.stack(maps)
+    cfg = LiftConfig(iters=300, tol=1e-7, tol_quantile=1.0, views_per_batch=3, latent_dim=4)
+    assert cfg.vcd.segment_power > 0  # the default
+    res = lift(gs, cams, maps, cfg, progress=False)
+    mu, weight = _explicit(gs, cams, maps, cfg)
+    torch.testing.assert_close(res.weight, weight, atol=1e-4, rtol=1e-4)
+    ok = res.valid & (weight > 1e-3)
+    assert ok.sum() > 100
+    assert geodesic_distance(res.features[ok].double(), mu[ok].double()).max() < 2e-3
+    off = lift(gs, cams, maps, LiftConfig(**{**cfg.__dict__, "vcd": VCDConfig.rh3dgs(segment_power=0.0)}),
+               progress=False)
+    assert float(geodesic_distance(off.features[ok], res.features[ok]).max()) > 0.05  # the term does something
 
 
 def test_lift_streams_maps_and_is_deterministic():

@@ -197,3 +197,54 @@ def test_principal_basis_spans_the_maps_and_projected_maps_keep_zero_and_nan_row
     assert torch.isnan(ProjectedMaps(bad, P, 5)[1][2, 3]).all()  # left where it was, for prepare_map to name
     with pytest.raises(ShapeError, match="view 1 has 5 channels"):
         ProjectedMaps([maps[0], torch.zeros(6, 7, 5)], P, 2)[1]
+
+
+def _voronoi_masks(h: int, w: int, k: int, D: int, seed: int = 0):
+    """A mask teacher's map: k random seed points, each pixel takes its nearest seed's unit embedding."""
+    g = torch.Generator().manual_seed(seed)
+    seeds = torch.rand(k, 2, generator=g) * torch.tensor([h, w])
+    yy, xx = torch.meshgrid(torch.arange(h) + 0.5, torch.arange(w) + 0.5, indexing="ij")
+    owner = ((torch.stack([yy, xx], -1)[:, :, None] - seeds) ** 2).sum(-1).argmin(-1)  # [h, w]
+    emb = torch.nn.functional.normalize(torch.randn(k, D, generator=g), dim=-1)
+    return emb[owner], owner
+
+
+def test_constant_regions_and_their_fraction_against_a_flood_fill():
+    from rh3dgs.teachers.maps import constant_regions, region_fraction
+
+    m, owner = _voronoi_masks(20, 24, 6, 5)
+    m[3:6, 4:9] = 0.0  # a hole without feature
+    m[15, 20] = m[0, 0]  # an isolated pixel with another region's embedding: its own region
+    ids = constant_regions(m)
+    # reference: breadth-first flood fill over 4-neighbours with exactly equal rows
+    ref = torch.full((20, 24), -1, dtype=torch.long)
+    nxt = 0
+    for y in range(20):
+        for x in range(24):
+            if ref[y, x] >= 0 or float(m[y, x].norm()) == 0.0:
+                continue
+            ref[y, x], stack = nxt, [(y, x)]
+            while stack:
+                a, b = stack.pop()
+                for c, d in ((a + 1, b), (a - 1, b), (a, b + 1), (a, b - 1)):
+                    if 0 <= c < 20 and 0 <= d < 24 and ref[c, d] < 0 and torch.equal(m[c, d], m[a, b]):
+                        ref[c, d] = nxt
+                        stack.append((c, d))
+            nxt += 1
+    assert int(ids.max()) + 1 == nxt and torch.equal(ids < 0, ref < 0)
+    pairs = torch.stack([ids[ref >= 0], ref[ref >= 0]], 1).unique(dim=0)
+    assert len(pairs) == nxt  # the same partition (ids may be numbered differently)
+    frac = region_fraction(m)
+    counts = torch.bincount(ref[ref >= 0])
+    expect = torch.where(ref >= 0, counts[ref.clamp_min(0)].float() / (20 * 24), torch.zeros(()))
+    assert torch.allclose(frac, expect)
+    assert float(frac[15, 20]) == pytest.approx(1 / 480)
+    # resolution-free: the same masks at twice the resolution cover the same shares
+    up = m.repeat_interleave(2, 0).repeat_interleave(2, 1)
+    assert torch.allclose(region_fraction(up)[::2, ::2], frac)
+    assert region_fraction(m, (40, 48)).shape == (40, 48) and region_fraction(torch.stack([m, m])).shape == (2, 20, 24)
+    # a dense teacher: every cell its own region
+    dense = torch.nn.functional.normalize(torch.randn(6, 7, 4), dim=-1)
+    assert torch.allclose(region_fraction(dense), torch.full((6, 7), 1 / 42))
+    with pytest.raises(ShapeError):
+        constant_regions(torch.zeros(4, 4))

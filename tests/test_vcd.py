@@ -180,3 +180,26 @@ def test_degenerate_view_and_validation():
         VCDConfig(variance_scale=0.0)
     with pytest.raises(ConfigError):
         VCDConfig(edge_radius=-1)
+
+
+def test_mask_specificity_term():
+    """W_seg = (frac / the view's smallest frac) ** -gamma; no effect when every pixel's region has the same share."""
+    A = torch.ones(2, 4, 6, dtype=torch.float64)
+    D1, D2 = 2.0 * A, 4.0 * A
+    frac = torch.full((2, 4, 6), 0.5, dtype=torch.float64)
+    frac[0, :, :2] = 1 / 24  # view 0: a small region (2 px... as a share) next to a large one
+    frac[0, 0, 5] = 0.0  # no teacher region (no feature): weight 0
+    cfg = VCDConfig.rh3dgs(segment_power=0.25)
+    w, t = reliability_weights(A, D1, D2, cfg=cfg, region_fraction=frac, return_terms=True)
+    assert float(t["segment"][0, 1, 0]) == pytest.approx(1.0)
+    assert float(t["segment"][0, 1, 3]) == pytest.approx(12.0 ** -0.25)
+    assert float(w[0, 1, 0] / w[0, 1, 3]) == pytest.approx(12.0 ** 0.25)
+    assert float(w[0, 0, 5]) == 0.0
+    assert torch.allclose(w[1], torch.ones(4, 6, dtype=torch.float64))  # one share everywhere: uniform
+    w0 = reliability_weights(A, D1, D2, cfg=VCDConfig.rh3dgs(segment_power=0.0), region_fraction=frac)
+    assert torch.allclose(w0, torch.ones_like(w0))  # gamma 0: the term is off
+    assert torch.allclose(reliability_weights(A, D1, D2, cfg=cfg), torch.ones_like(w0))  # no region map: off
+    with pytest.raises(ShapeError):
+        reliability_weights(A, D1, D2, cfg=cfg, region_fraction=frac[:, :3])
+    with pytest.raises(ConfigError):
+        VCDConfig(segment_power=-0.1)

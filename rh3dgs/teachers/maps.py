@@ -38,7 +38,7 @@ from torch import Tensor
 from ..errors import ConfigError, NonFiniteError, ShapeError
 from .cache import extract_features, read_cached
 
-__all__ = ["TeacherMaps", "get_map", "map_dim", "principal_basis", "ProjectedMaps", "prepare_map", "prepare_maps", "guided_upsample", "upsample_features", "load_cached",
+__all__ = ["TeacherMaps", "get_map", "map_dim", "principal_basis", "ProjectedMaps", "prepare_map", "prepare_maps", "guided_upsample", "constant_regions", "region_fraction", "upsample_features", "load_cached",
            "DEFAULT_CACHE_DIRNAME", "default_cache_dir", "DatasetMaps", "dataset_maps"]
 
 PathLike = Union[str, Path]
@@ -202,6 +202,77 @@ def guided_upsample(m: Tensor, guide: Tensor, sigma_color: float = 0.05, sigma_s
         out[ys][support < min_support] = 0.0  # no nearby cell has this pixel's colour: no feature here
     n = torch.linalg.vector_norm(out, dim=-1, keepdim=True)
     return out.mul_(torch.where(n > 0, 1.0 / n.clamp_min(1e-30), 0.0))
+
+
+def constant_regions(m: Union[Tensor, Sequence[Tensor]], size: Optional[Tuple[int, int]] = None) -> Tensor:
+    """Region ids ``[h, w]`` int64 of a map: 4-connected sets of pixels whose rows are exactly equal; -1 on zero rows.
+
+    A mask teacher (SAM + CLIP: one embedding per mask) gives piecewise-constant maps, and a region is
+    one of its masks as the teacher (or its cache) holds it; in a dense teacher's map (patch tokens) every
+    cell is its own region. Ids are ``0 .. R-1`` in scan order (scipy's ``connected_components``). A
+    ``[B, h, w, D]`` tensor or a sequence of maps gives ``[B, h, w]`` (ids per view). ``size``: resized to
+    ``(H, W)`` by nearest neighbour (the grid the map is compared at).
+
+    >>> import torch
+    >>> m = torch.zeros(2, 4, 3); m[:, :3, 0] = 1.0; m[1, 3, 1] = 1.0   # a 2x3 region, a zero row, a 1x1 region
+    >>> constant_regions(m)
+    tensor([[ 0,  0,  0, -1],
+            [ 0,  0,  0,  1]])
+    """
+    import numpy as np
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    if isinstance(m, (list, tuple)) or m.dim() == 4:
+        return torch.stack([constant_regions(x, size) for x in m])
+    if m.dim() != 3:
+        raise ShapeError(f"teacher map must be [h, w, D], got {list(m.shape)}")
+    h, w = int(m.shape[0]), int(m.shape[1])
+    x = m.detach().float().cpu()
+    nz = (torch.linalg.vector_norm(x, dim=-1) > 1e-8).numpy().reshape(-1)
+    idx = np.arange(h * w).reshape(h, w)
+    src, dst = [], []
+    for a, b, sa, sb in ((x[:, :-1], x[:, 1:], idx[:, :-1], idx[:, 1:]), (x[:-1], x[1:], idx[:-1], idx[1:])):
+        same = (a == b).all(-1).numpy()
+        src.append(sa[same]), dst.append(sb[same])
+    src, dst = np.concatenate(src), np.concatenate(dst)
+    keep = nz[src]  # zero rows: no region (equal zero neighbours are not joined)
+    graph = coo_matrix((np.ones(int(keep.sum()), dtype=np.int8), (src[keep], dst[keep])), shape=(h * w, h * w))
+    _, labels = connected_components(graph, directed=False)
+    labels = np.where(nz, labels, -1)
+    _, ids = np.unique(labels, return_inverse=True)  # consecutive ids; -1 sorts first
+    ids = ids.reshape(h, w) - (1 if (~nz).any() else 0)
+    out = torch.from_numpy(ids.astype(np.int64))
+    if size is not None and tuple(size) != (h, w):
+        out = F.interpolate(out[None, None].double(), size=tuple(int(s) for s in size), mode="nearest")[0, 0].long()
+    return out.to(m.device)
+
+
+def region_fraction(m: Union[Tensor, Sequence[Tensor]], size: Optional[Tuple[int, int]] = None) -> Tensor:
+    """Per pixel, the share of the map covered by its :func:`constant_regions` region: ``[h, w]`` in [0, 1].
+
+    Resolution-free (a region's pixel count over ``h w``): a mask teacher's mask covers the same share at
+    any resolution; in a dense teacher's map every pixel gets ``1 / (h w)``. Zero rows (no feature) get 0.
+    ``[B, h, w, D]`` or a sequence of maps give ``[B, h, w]``; ``size``: resized by nearest neighbour.
+
+    >>> import torch
+    >>> m = torch.zeros(2, 4, 3); m[:, :3, 0] = 1.0; m[:, 3, 1] = 1.0   # a 2x3 region and a 2x1 region
+    >>> region_fraction(m)
+    tensor([[0.7500, 0.7500, 0.7500, 0.2500],
+            [0.7500, 0.7500, 0.7500, 0.2500]])
+    """
+    if isinstance(m, (list, tuple)) or m.dim() == 4:
+        return torch.stack([region_fraction(x, size) for x in m])
+    ids = constant_regions(m).cpu()
+    h, w = ids.shape
+    ok = ids >= 0
+    counts = torch.bincount(ids[ok], minlength=1).double()
+    frac = torch.zeros(h, w, dtype=torch.float64)
+    frac[ok] = counts[ids[ok]] / float(h * w)
+    out = frac.float()
+    if size is not None and tuple(size) != (h, w):
+        out = F.interpolate(out[None, None], size=tuple(int(s) for s in size), mode="nearest")[0, 0]
+    return out.to(m.device)
 
 
 def prepare_maps(teacher_maps: TeacherMaps, views: Sequence[int], size: Tuple[int, int],
