@@ -59,6 +59,9 @@ class LICConfig:
     """0: cluster features only. > 0: append ``weight * (p - mean) / rms_radius`` to the
     normalised features before the (cosine) clustering, so pseudo-instances are also
     spatially compact."""
+    centered: bool = False
+    """Contrast the features less their mean direction (taken at each refresh): CLIP-like features share a
+    common direction (every pair has a cosine of ~0.7), which the random negatives would otherwise fight."""
     refresh_every: int = 1000
     """Rebuild graph and pseudo-instances every this many steps (and whenever N changes)."""
     warmup_steps: int = 5000
@@ -249,6 +252,7 @@ class LICLoss:
         self.labels: Optional[Tensor] = None
         self.eligible: Optional[Tensor] = None
         self.last_refresh: Optional[int] = None
+        self.center: Optional[Tensor] = None
         self._gen = torch.Generator().manual_seed(int(self.cfg.seed))
 
     def refresh(self, means: Tensor, features: Tensor, step: int = 0) -> None:
@@ -258,6 +262,9 @@ class LICLoss:
                              f"{list(means.shape)} and {list(features.shape)}")
         c = self.cfg
         nbr = radius_graph(means, c.radius, c.max_neighbors, workers=c.kdtree_workers).to(features.device)
+        self.center = F.normalize(features.detach().float(), dim=-1).mean(0) if c.centered else None
+        if self.center is not None:
+            features = F.normalize(F.normalize(features.detach().float(), dim=-1) - self.center, dim=-1)
         labels = pseudo_instances(
             features, c.num_clusters, seed=c.seed, iters=c.kmeans_iters,
             positions=means if c.cluster_position_weight > 0 else None,
@@ -309,6 +316,8 @@ class LICLoss:
             return zero
         c = self.cfg
         dev = features.device
+        if self.center is not None:  # cfg.centered: contrast what distinguishes the features
+            features = F.normalize(F.normalize(features, dim=-1) - self.center.to(features), dim=-1)
         E = self.eligible.numel()
         pick = torch.randperm(E, generator=self._gen)[: c.num_anchors].to(dev)
         anchors = self.eligible.to(dev)[pick]  # [A]

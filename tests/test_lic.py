@@ -200,3 +200,30 @@ def test_native_loss_matches_the_torch_formula():
         outs.append((float(loss.detach()), f.grad.double()))
     assert outs[0][0] == pytest.approx(outs[1][0], rel=1e-5)
     assert torch.allclose(outs[0][1], outs[1][1], atol=1e-6, rtol=1e-4)
+
+
+def test_centred_lic_is_lic_of_the_centred_features():
+    """``centered``: the loss (and its gradient) equals the paper's LIC on normalize(normalize(f) - mean), the mean
+    direction taken at the refresh; pseudo-instances are clustered on those centred features too."""
+    means, feats0, _ = toy_scene()
+    common = torch.nn.functional.normalize(torch.ones(feats0.shape[1]), dim=0)
+    f = torch.nn.functional.normalize(feats0 + 3.0 * common, dim=-1)  # a strong shared direction (CLIP-like cone)
+    kw = dict(radius=0.2, max_neighbors=16, num_anchors=64, num_random_negatives=16, num_clusters=2,
+              warmup_steps=0, refresh_every=10**9, seed=3)
+    centred = LICLoss(LICConfig(centered=True, **kw))
+    centred.refresh(means, f)
+    c = torch.nn.functional.normalize(f, dim=-1).mean(0)
+    assert torch.allclose(centred.center, c)
+    plain = LICLoss(LICConfig(**kw))
+    g = torch.nn.functional.normalize(f - c, dim=-1)
+    plain.refresh(means, g)
+    assert torch.equal(centred.labels, plain.labels)
+    x = f.clone().requires_grad_(True)
+    y = torch.nn.functional.normalize(torch.nn.functional.normalize(x, dim=-1) - c, dim=-1)
+    a, b = centred(x, 1), plain(y, 1)
+    assert float(a) == pytest.approx(float(b), rel=1e-6) and float(a) > 0
+    ga, = torch.autograd.grad(a, x)
+    gb, = torch.autograd.grad(b, x)
+    assert torch.allclose(ga, gb, atol=1e-6)
+    # the cone no longer dominates the cosines the contrast sees
+    assert float((f[:50] @ f[50:].T).mean()) > 0.8 and float((g[:50] @ g[50:].T).mean()) < 0.5

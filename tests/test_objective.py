@@ -30,12 +30,12 @@ def test_exact_forward_model_scores_zero_at_teacher_resolution():
     pooled = F.avg_pool2d(lat.permute(0, 3, 1, 2), 4).permute(0, 2, 3, 1)
     teacher = F.normalize(pooled @ dec.T, dim=-1)  # [2, 4, 4, 8]
     for use_vfm in (False, True):
-        cfg = ObjectiveConfig(use_vcd=False, use_vfm=use_vfm, use_lic=False, background_latent=False)
+        cfg = ObjectiveConfig(use_vcd=False, use_vfm=use_vfm, use_lic=False, background_latent=False, lambda_ray=0.0)
         obj = SemanticObjective(cfg, latent_dim=4, steps=10)
         loss, parts = obj(0, lat, alpha, d1, d2, dec, teacher)
         assert abs(float(loss)) < 1e-5, (use_vfm, float(loss))
         img = SemanticObjective(ObjectiveConfig(use_vcd=False, use_vfm=use_vfm, use_lic=False, resolution="image",
-                                                background_latent=False), 4, 10)
+                                                background_latent=False, lambda_ray=0.0), 4, 10)
         assert float(img(0, lat, alpha, d1, d2, dec, teacher)[0]) > 0.05
 
 
@@ -70,7 +70,7 @@ def test_spherical_latents_and_gradients_reach_latents():
 
 def test_contrast_on_after_start_and_zero_before():
     steps = 10
-    obj = SemanticObjective(ObjectiveConfig(lic_start=0.5), 4, steps)
+    obj = SemanticObjective(ObjectiveConfig(use_lic=True, lic_start=0.5), 4, steps)
     g = torch.Generator().manual_seed(0)
     means = torch.rand(300, 3, generator=g) * 0.2
     lat = torch.randn(300, 4, generator=g, requires_grad=True)
@@ -89,5 +89,51 @@ def test_config_errors():
         ObjectiveConfig(resolution="nope")
     with pytest.raises(ConfigError):
         ObjectiveConfig(lic_start=2.0)
-    assert ObjectiveConfig().label == "VCD + VFM + LIC"
-    assert ObjectiveConfig(use_vcd=False, use_vfm=False, use_lic=False).label == "cosine"
+    assert ObjectiveConfig().label == "VCD + VFM + ray"  # LIC is off by default
+    assert ObjectiveConfig(use_lic=True).label == "VCD + VFM + ray + LIC"
+    assert ObjectiveConfig(use_vcd=False, use_vfm=False, lambda_ray=0.0).label == "cosine"
+
+
+def test_mask_teacher_pixels_weighted_by_mask_specificity():
+    """A mask teacher at the render's resolution: pixels of a 64-pixel mask weigh (192 / 64) ** gamma as much as
+    those of a 192-pixel mask (VCD's mask-specificity term, read off the teacher map as given)."""
+    lat, alpha, d1, d2 = _render_like(B=1)
+    teacher = torch.zeros(1, 16, 16, 8)
+    teacher[0, :, :12, 0] = 1.0  # 192 px
+    teacher[0, :, 12:, 1] = 1.0  # 64 px
+    cfg = ObjectiveConfig(use_lic=False)
+    gamma = cfg.vcd.segment_power
+    assert gamma > 0
+    obj = SemanticObjective(cfg, 4, 10)
+    _, z, w = obj.compare(lat, alpha, d1, d2, torch.linalg.qr(torch.randn(8, 4))[0], teacher)
+    assert float(w[0, 3, 14] / w[0, 3, 2]) == pytest.approx(3.0 ** gamma, rel=1e-5)
+    off = SemanticObjective(ObjectiveConfig(use_lic=False, use_vcd=False), 4, 10)
+    assert torch.allclose(off.compare(lat, alpha, d1, d2, torch.eye(8, 4), teacher)[2], torch.ones(1, 16, 16))
+
+
+def test_ray_spread_is_the_weighted_spread_of_the_composited_gaussians():
+    """ray_spread from the render of unit latents and A = the explicit sum_i w_i |f_i - F / A|^2 over each pixel's
+    compositing weights (enumerated from the fixed views' sparse weight matrices)."""
+    from _scenes import random_lift_scene
+    from rh3dgs.objective import ray_spread
+    from rh3dgs.rendering import fixed_views
+
+    gs, cams, _ = random_lift_scene(n=200, views=2, size=24)
+    views = fixed_views(gs, cams)
+    f = F.normalize(torch.randn(len(gs), 4, generator=torch.Generator().manual_seed(1)), dim=-1)
+    lat = views.render(f, [0, 1])
+    got = ray_spread(lat, views.alpha, min_coverage=0.0)
+    ref = []
+    for v in range(2):
+        Wm = views.matrices[v][0].tocoo()  # [H*W, N] compositing weights w_i(u)
+        w = torch.from_numpy(Wm.data).double()
+        pix, gid = torch.from_numpy(Wm.row).long(), torch.from_numpy(Wm.col).long()
+        A = torch.zeros(24 * 24, dtype=torch.float64).index_add_(0, pix, w)
+        Fm = torch.zeros(24 * 24, 4, dtype=torch.float64).index_add_(0, pix, w[:, None] * f[gid].double())
+        mean = Fm / A.clamp_min(1e-6)[:, None]
+        ref.append(torch.zeros(24 * 24, dtype=torch.float64).index_add_(0, pix, w * ((f[gid].double() - mean[pix]) ** 2).sum(-1)))
+    ref = torch.stack(ref)
+    assert float(ref.max()) > 0.1  # Gaussians overlap: there is spread to measure
+    assert float(got) == pytest.approx(float(ref.mean()), rel=1e-4)
+    same = views.render(F.normalize(torch.ones(len(gs), 4), dim=-1), [0, 1])  # one feature everywhere: no spread
+    assert abs(float(ray_spread(same, views.alpha, min_coverage=0.0))) < 1e-5

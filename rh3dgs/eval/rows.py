@@ -28,21 +28,24 @@ TEACHER_PRESETS: Dict[str, Tuple[str, Dict[str, object]]] = {
 }
 
 LIFT_OURS = "robust lift + VCD (ours, training-free)"
-TRAINED_OURS = "Rh-3DGS trained: VCD + VFM + LIC (ours)"
+TRAINED_OURS = "Rh-3DGS trained: VCD + VFM + ray consistency (ours)"
 
 #: (row name, kind, settings): "lift" rows take LiftConfig fields, "distill" rows ObjectiveConfig fields
-#: (every trained row starts from the LIFT_OURS lift of the same pair).
+#: (every trained row starts from the LIFT_OURS lift of the same pair). The trained default has no LIC: in
+#: every form tried it cost held-out mIoU once training started from the lift (docs/method.md section 7), so
+#: the suite measures it as an addition ("trained + LIC") against the default.
 SUITE_ROWS: List[Tuple[str, str, dict]] = [
     ("Euclidean lift (LUDVIG-style)", "lift", dict(method="euclidean", use_vcd=False, guided=False)),
     ("Euclidean lift + VCD", "lift", dict(method="euclidean")),
     ("robust lift, no VCD", "lift", dict(use_vcd=False)),
     ("robust lift + VCD, bilinear maps", "lift", dict(guided=False)),
     (LIFT_OURS, "lift", dict()),
-    ("cosine distillation (no VCD, VFM, LIC)", "distill", dict(use_vcd=False, use_vfm=False, use_lic=False)),
+    ("cosine distillation (no VCD, VFM, ray term)", "distill", dict(use_vcd=False, use_vfm=False, lambda_ray=0.0)),
     (TRAINED_OURS, "distill", dict()),
     ("trained without VCD", "distill", dict(use_vcd=False)),
     ("trained without VFM", "distill", dict(use_vfm=False)),
-    ("trained without LIC", "distill", dict(use_lic=False)),
+    ("trained without ray consistency", "distill", dict(lambda_ray=0.0)),
+    ("trained + LIC (the paper's third module)", "distill", dict(use_lic=True)),
 ]
 
 #: (what is measured, method row, baseline row): reported as paired differences method - baseline.
@@ -54,6 +57,7 @@ COMPARISONS: List[Tuple[str, str, str]] = [
     ("trained vs the lift it starts from", TRAINED_OURS, LIFT_OURS),
     ("VCD in training", TRAINED_OURS, "trained without VCD"),
     ("VFM in training", TRAINED_OURS, "trained without VFM"),
-    ("LIC in training", TRAINED_OURS, "trained without LIC"),
-    ("trained vs cosine distillation", TRAINED_OURS, "cosine distillation (no VCD, VFM, LIC)"),
+    ("ray consistency in training", TRAINED_OURS, "trained without ray consistency"),
+    ("LIC in training", "trained + LIC (the paper's third module)", TRAINED_OURS),
+    ("trained vs cosine distillation", TRAINED_OURS, "cosine distillation (no VCD, VFM, ray term)"),
 ]

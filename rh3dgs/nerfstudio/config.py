@@ -56,7 +56,7 @@ __all__ = ["ExponentialDecaySchedulerConfig", "make_optimizers", "rh3dgs_config"
 
 
 def make_optimizers(max_steps: int) -> dict:
-    """splatfacto's optimizer groups + the semantic ones at ``DistillConfig``'s rates: ``latents`` 1e-3,
+    """splatfacto's optimizer groups + the semantic ones at ``DistillConfig``'s rates: ``latents`` 2e-3,
     ``decoder`` 0 (kept as the lift's basis; ``--optimizers.decoder.optimizer.lr`` trains it),
     ``background_latent`` 0.01, with eps 1e-15 so their steps do not depend on the semantic loss's weight."""
     return {
@@ -67,7 +67,7 @@ def make_optimizers(max_steps: int) -> dict:
         "opacities": {"optimizer": AdamOptimizerConfig(lr=0.05, eps=1e-15), "scheduler": None},
         "scales": {"optimizer": AdamOptimizerConfig(lr=0.005, eps=1e-15), "scheduler": None},
         "quats": {"optimizer": AdamOptimizerConfig(lr=0.001, eps=1e-15), "scheduler": None},
-        "latents": {"optimizer": AdamOptimizerConfig(lr=1e-3, eps=1e-15), "scheduler": None},
+        "latents": {"optimizer": AdamOptimizerConfig(lr=2e-3, eps=1e-15), "scheduler": None},
         "decoder": {"optimizer": AdamOptimizerConfig(lr=0.0), "scheduler": None},
         "background_latent": {"optimizer": AdamOptimizerConfig(lr=0.01, eps=1e-15), "scheduler": None},
         "camera_opt": {"optimizer": AdamOptimizerConfig(lr=1e-4, eps=1e-15),
@@ -147,7 +147,7 @@ def rh3dgs_lite_config() -> TrainerConfig:
 
 rh3dgs_method = MethodSpecification(
     config=rh3dgs_config(),
-    description="Rh-3DGS: splatfacto + semantic latents distilled with VCD-weighted Riemannian Huber (VFM) and LIC.",
+    description="Rh-3DGS: splatfacto + semantic latents distilled with VCD-weighted Riemannian Huber (VFM) from the robust lift.",
 )
 
 rh3dgs_lite_method = MethodSpecification(
