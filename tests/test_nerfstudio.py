@@ -212,28 +212,35 @@ def test_semantic_metrics_only_on_logged_steps(pipeline):
 
 
 def test_teacher_map_prepared_once_per_camera_at_the_comparison_size(pipeline):
-    from rh3dgs.teachers.maps import prepare_map
+    """batch["teacher"] is prepared once per camera at the comparison size; batch["teacher_regions"] (VCD's
+    mask-specificity term) once per camera at the image size, from the map as the teacher gives it."""
+    from rh3dgs.teachers.maps import prepare_map, region_fraction
 
     pipe, _ = pipeline
     m, dm = pipe.model, pipe.datamanager
-    seen = {}
+    assert m.objective.uses_regions and dm.with_regions
+    seen, seen_regions = {}, {}
     for step in range(2 * len(dm.train_dataset)):
         cam, batch = dm.next_train(step)
         idx = int(cam.metadata["cam_idx"])
         if idx in seen:
             assert batch["teacher"] is seen[idx]  # the same prepared tensor, not prepared again
-        seen[idx] = batch["teacher"]
+            assert batch["teacher_regions"] is seen_regions[idx]
+        seen[idx], seen_regions[idx] = batch["teacher"], batch["teacher_regions"]
     H, W = batch["image"].shape[:2]
     native = dm.teacher_map("train", idx)
     assert native.shape[0] < H  # patch tokens: compared at the teacher's grid, not upsampled
     assert tuple(batch["teacher"].shape[:2]) == tuple(native.shape[:2])
     assert torch.equal(batch["teacher"], native)  # as the teacher gives it (the objective normalises its rows)
-    # resolution='image': the map is handed upsampled to the image size
+    assert torch.equal(batch["teacher_regions"], region_fraction(native, (H, W)))
+    # resolution='image': the map is handed upsampled to the image size, its regions stay those of the native map
     try:
         m.config.objective.resolution = "image"
         cam, batch = dm.next_train(0)
+        native = dm.teacher_map("train", int(cam.metadata["cam_idx"]))
         assert tuple(batch["teacher"].shape[:2]) == (H, W)
-        assert torch.equal(batch["teacher"], prepare_map(dm.teacher_map("train", int(cam.metadata["cam_idx"])), (H, W)))
+        assert torch.equal(batch["teacher"], prepare_map(native, (H, W)))
+        assert torch.equal(batch["teacher_regions"], region_fraction(native, (H, W)))
     finally:
         m.config.objective.resolution = "teacher"
 

@@ -9,7 +9,9 @@ cache, by default ``<data>/.rh3dgs_cache`` (the CLI's default too, so features t
 the pipeline sets it (the model's semantic loss resolution), or at the teacher's own resolution
 with ``teacher_at_image_size=False``; the model resizes to its loss resolution where they differ.
 Maps at the image / loss size are prepared once per camera and kept on the training device
-(up to ``teacher_cache_mb``), so a training step only reads its camera's map.
+(up to ``teacher_cache_mb``), so a training step only reads its camera's map. When the model's objective
+uses VCD's mask-specificity term, batches also carry ``batch["teacher_regions"]`` ``[H, W]``: the region
+fractions of the map as the teacher gives it (:func:`rh3dgs.teachers.maps.region_fraction`), once per camera.
 
 Extraction is lazy (first batch, or :meth:`Rh3dgsDataManager.teacher_maps`), so loading a
 trained run for viewing / export never needs the teacher.
@@ -27,6 +29,7 @@ from nerfstudio.data.datasets.base_dataset import InputDataset
 from nerfstudio.utils.rich_utils import CONSOLE
 
 from ..teachers import DatasetMaps, TeacherConfig, dataset_maps, upsample_features
+from ..teachers.maps import region_fraction
 
 __all__ = ["Rh3dgsDataManagerConfig", "Rh3dgsDataManager"]
 
@@ -68,6 +71,10 @@ class Rh3dgsDataManager(FullImageDatamanager[InputDataset]):
         self.teacher_size: Optional[Callable[[Tuple[int, int]], Tuple[int, int]]] = None
         """Image size -> size of ``batch["teacher"]`` (set by the pipeline: the model's loss resolution)."""
         self._teacher_prepared: Dict[Tuple[str, int, Tuple[int, int]], torch.Tensor] = {}
+        self.with_regions = False
+        """True (set by the pipeline when the model's objective reads the teacher's regions, VCD's mask-specificity
+        term): batches carry ``teacher_regions`` [H, W] at the image size, computed once per camera."""
+        self._teacher_regions: Dict[Tuple[str, int, Tuple[int, int]], torch.Tensor] = {}
 
     # ------------------------------------------------------------------ teacher
     @property
@@ -129,9 +136,20 @@ class Rh3dgsDataManager(FullImageDatamanager[InputDataset]):
                 self._teacher_prepared[key] = m
         return m
 
+    def teacher_regions(self, split: str, idx: int, size: Tuple[int, int]) -> torch.Tensor:
+        """[H, W] :func:`rh3dgs.teachers.maps.region_fraction` of image ``idx``'s map as the teacher gives it
+        (before any resizing), at ``size`` on the training device; computed once per camera (4 B a pixel)."""
+        key = (split, int(idx), tuple(size))
+        r = self._teacher_regions.get(key)
+        if r is None:
+            r = self._teacher_regions[key] = region_fraction(self.teacher_map(split, idx), size).to(self.device)
+        return r
+
     def _with_teacher(self, split: str, idx: int, data: Dict) -> Dict:
         if not self.with_teacher:
             return data
+        if self.with_regions:
+            data["teacher_regions"] = self.teacher_regions(split, idx, tuple(data["image"].shape[:2]))
         if self.config.teacher_at_image_size:
             size = (int(data["image"].shape[0]), int(data["image"].shape[1]))
             if self.teacher_size is not None:

@@ -66,6 +66,7 @@ class Rh3dgsPipeline(VanillaPipeline):
         if isinstance(dm, Rh3dgsDataManager):
             dm.with_teacher = semantic  # plain splatfacto: the teacher is never run
             dm.teacher_size = teacher_size_for(dm, model) if semantic else None
+            dm.with_regions = semantic and model.objective.uses_regions
         if semantic and test_mode == "val":
             cams = None
             if model.config.init == "lift":
