@@ -21,12 +21,14 @@ TORCH_LIBRARY(rh3dgs, m) {
       "rasterize_fwd(Tensor means2d, Tensor conics, Tensor features, Tensor opacities, Tensor depths, "
       "Tensor? backgrounds, int width, int height, int tile_size, Tensor isect_offsets, Tensor flatten_ids) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
-  // Gradients w.r.t. means2d, conics, features, opacities, depths.
+  // Gradients w.r.t. means2d, conics, features, opacities, depths. Only the first geometry_channels
+  // feature channels (-1: all) pass their gradient on to the geometry (means2d, conics, opacities,
+  // depths); the others' gradients reach their features only (as if the geometry were detached for them).
   m.def(
       "rasterize_bwd(Tensor means2d, Tensor conics, Tensor features, Tensor opacities, Tensor depths, "
       "Tensor? backgrounds, int width, int height, int tile_size, Tensor isect_offsets, Tensor flatten_ids, "
-      "Tensor alpha, Tensor last_ids, Tensor v_render, Tensor v_alpha, Tensor v_d1, Tensor v_d2) "
-      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "Tensor alpha, Tensor last_ids, Tensor v_render, Tensor v_alpha, Tensor v_d1, Tensor v_d2, "
+      "int geometry_channels=-1) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   // EWA projection of 3D Gaussians into B pinhole cameras (gsplat's fully fused projection, non-packed):
   // means [N,3], quats [N,4] (w,x,y,z, any norm), scales [N,3] (activated), viewmats [B,4,4] (world to
   // camera), Ks [B,3,3]. Returns radii [B,N] int32 (0 = culled), means2d [B,N,2], depths [B,N],

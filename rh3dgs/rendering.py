@@ -114,6 +114,7 @@ def render(
     far_plane: float = 1e10,
     eps2d: float = 0.3,
     projection: Optional[Projection] = None,
+    features_shape_geometry: bool = True,
 ) -> RenderResult:
     """Render colours and/or per-Gaussian features with render statistics.
 
@@ -128,6 +129,9 @@ def render(
         projection: a :class:`Projection` of these Gaussians into these cameras from an earlier call
             (``RenderResult.projection``), re-used instead of projecting again (fixed geometry: the
             lift, distillation on fixed Gaussians, evaluation); gradients then reach the features only.
+        features_shape_geometry: False: the feature channels' gradients reach the features only, not the
+            Gaussians' geometry (RGB's do; ``rasterize_to_pixels(geometry_channels=...)``, which also makes
+            the backward cheaper). A, D1, D2 keep their gradients.
 
     Returns:
         :class:`RenderResult`.
@@ -165,6 +169,7 @@ def render(
     out = rasterize_to_pixels(
         proj.means2d, proj.conics, stacked, proj.opacities, proj.depths, int(cameras.width), int(cameras.height),
         tile_size, proj.isect_offsets, proj.flatten_ids, backgrounds=bg if (background is not None or feature_background is not None) else None,
+        geometry_channels=None if features_shape_geometry or features is None else (3 if rgb else 0),
     )
     rgb_out = out.render[..., :3] if rgb else None
     feat_out = out.render[..., 3:] if (rgb and features is not None) else (out.render if features is not None else None)

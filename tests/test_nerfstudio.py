@@ -141,9 +141,18 @@ def test_train_step_outputs_losses_and_strategy_info(pipeline):
     assert 0 < float(metrics["sem_cos"]) <= 1 and "psnr" in metrics
     losses = m.get_loss_dict(out, batch, metrics)
     assert "semantic_loss" in losses and ("lic_loss" in losses) == m.config.objective.use_lic  # LIC: off by default
-    # the semantic loss alone reaches the latents and the geometry, although the metrics (no_grad) ran first
+    # the semantic loss alone reaches the latents, although the metrics (no_grad) ran first, and by default not the
+    # geometry (semantic_geometry_grad=False: RGB alone shapes the Gaussians); with the option on, it does
     g_lat, g_means = torch.autograd.grad(losses["semantic_loss"], [m.latents, m.means], retain_graph=True)
-    assert g_lat.abs().sum() > 0 and g_means.abs().sum() > 0
+    assert g_lat.abs().sum() > 0 and g_means.abs().sum() == 0
+    try:
+        m.config.semantic_geometry_grad = True
+        out_g = m(cam)
+        g_lat_g, g_means_g = torch.autograd.grad(m.get_loss_dict(out_g, batch)["semantic_loss"], [m.latents, m.means])
+        assert g_means_g.abs().sum() > 0
+        torch.testing.assert_close(g_lat_g, g_lat)  # the latents' own gradient is the same either way
+    finally:
+        m.config.semantic_geometry_grad = False
     loss = sum(losses.values())
     assert torch.isfinite(loss)
     loss.backward()
@@ -481,8 +490,9 @@ def test_semantic_training_keeps_rgb_psnr_of_plain_splatfacto(trained_run):
     sampler), so the difference is the semantic loss's gradients on the geometry. The PSNR is the mean over
     the dataset's 8 held-out views: with nerfstudio's 90 / 10 split of 12 views it was ONE image, whose PSNR
     moves by ~1 dB between two plain runs that differ only in the initial quaternions (seed 42 vs 43:
-    24.29 / 25.33 dB), so the test measured noise (the semantic run was 0.6 dB *better* there). Over 8
-    held-out views the semantic run costs 0.15-0.4 dB (seeds 43 / 42)."""
+    24.29 / 25.33 dB). When the semantic loss moved the geometry too (``semantic_geometry_grad=True``) the
+    semantic run cost 0.15-0.4 dB; by default it does not, and the geometry's training is splatfacto's own:
+    the same PSNR to the third decimal (29.257 / 29.257 dB), so the bound is 0.01 dB."""
     cfg, _, data = trained_run
     root = cfg.parents[4]
     out = root / "outputs_plain"
@@ -497,7 +507,7 @@ def test_semantic_training_keeps_rgb_psnr_of_plain_splatfacto(trained_run):
     ours = json.loads((cfg.parent / "eval.json").read_text())["results"] if (cfg.parent / "eval.json").is_file() \
         else _ns_eval(cfg)
     print(f"held-out PSNR: rh3dgs-lite {ours['psnr']:.3f} dB, without semantics {plain['psnr']:.3f} dB")
-    assert abs(ours["psnr"] - plain["psnr"]) <= 0.5
+    assert abs(ours["psnr"] - plain["psnr"]) <= 0.01
 
 
 @pytest.mark.slow

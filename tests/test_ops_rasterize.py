@@ -23,19 +23,20 @@ def _run(fn, scene, bg, upstream, mean_reduce):
     return [o.detach() for o in outs], grads
 
 
-def _native(scene):
+def _native(scene, geometry_channels=None):
     def fn(ins, bg):
         o = rasterize_to_pixels(**ins, width=scene["width"], height=scene["height"], tile_size=scene["tile_size"],
-                                isect_offsets=scene["isect_offsets"], flatten_ids=scene["flatten_ids"], backgrounds=bg)
+                                isect_offsets=scene["isect_offsets"], flatten_ids=scene["flatten_ids"], backgrounds=bg,
+                                geometry_channels=geometry_channels)
         return [o.render, o.alpha, o.d1, o.d2]
     return fn
 
 
-def _reference(scene):
+def _reference(scene, geometry_channels=None):
     def fn(ins, bg):
         return list(_ref_rasterize_to_pixels(ins["means2d"], ins["conics"], ins["features"], ins["opacities"],
                                              ins["depths"], bg, scene["width"], scene["height"], scene["tile_size"],
-                                             scene["isect_offsets"], scene["flatten_ids"]))
+                                             scene["isect_offsets"], scene["flatten_ids"], geometry_channels))
     return fn
 
 
@@ -70,6 +71,30 @@ def test_native_matches_reference(C, W, H, use_bg, tile):
     for k in grad_r:
         scale = max(1.0, grad_r[k].abs().max().item())
         assert (grad_n[k] - grad_r[k]).abs().max() <= 1e-5 * scale * 10, k
+
+
+@pytest.mark.parametrize("C,cg,use_bg", [(19, 3, True), (19, 3, False), (16, 0, True), (32, 5, True), (5, 2, False)])
+def test_geometry_channels_match_the_reference_with_detached_weights(C, cg, use_bg):
+    """geometry_channels = cg: the channels from cg on reach the geometry with no gradient (the reference composites
+    them with detached weights); values, their feature / background gradients and the geometry gradients of the
+    first cg channels and of A, D1, D2 are those of the reference. C = 19 (RGB + 16 latents) and 16 are the
+    compiled channel counts, 5 the generic kernel."""
+    W, H = 41, 35
+    scene = random_projected(2, 80, C, W, H, tile_size=16, seed=C + cg)
+    bg = torch.rand(2, C, generator=torch.Generator().manual_seed(1)) if use_bg else None
+    g = torch.Generator().manual_seed(3)
+    upstream = [torch.randn(2, H, W, C, generator=g)] + [torch.randn(2, H, W, generator=g) for _ in range(3)]
+    out_n, grad_n = _run(_native(scene, cg), scene, bg, upstream, mean_reduce=True)
+    out_r, grad_r = _run(_reference(scene, cg), scene, bg, upstream, mean_reduce=True)
+    _, grad_all = _run(_native(scene), scene, bg, upstream, mean_reduce=True)
+    for a, b, name in zip(out_n, out_r, ("render", "alpha", "d1", "d2")):
+        assert (a - b).abs().max() <= 1e-4, name
+    for k in grad_r:
+        assert (grad_n[k] - grad_r[k]).abs().max() <= 1e-4, k
+    torch.testing.assert_close(grad_n["features"], grad_all["features"])  # the features' own gradients unchanged
+    assert (grad_n["opacities"] - grad_all["opacities"]).abs().max() > 1e-3  # the other channels' share is gone
+    with pytest.raises(ShapeError, match="geometry_channels"):
+        _native(scene, -2)({k: scene[k] for k in DIFF}, None)
 
 
 def test_float64_reference_agrees_with_float32_reference():

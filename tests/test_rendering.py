@@ -30,3 +30,27 @@ def test_render_reuses_a_projection():
     assert torch.equal(a.features, b.features) and torch.equal(a.alpha, b.alpha)
     with pytest.raises(ShapeError, match="projection"):
         render(gs, cams[[0]], torch.ones(len(gs), 2), rgb=False, projection=a.projection)
+
+
+@pytest.mark.parametrize("rgb", [True, False])
+def test_features_that_do_not_shape_the_geometry(rgb):
+    """render(features_shape_geometry=False): the same images; a loss on the features reaches the features as
+    before and the Gaussians' geometry not at all; a loss on RGB reaches the geometry as before."""
+    gs, cams, _ = random_lift_scene(300, 2, 36, 4, seed=3)
+    for t in (gs.means, gs.opacities):
+        t.requires_grad_(True)
+    f = torch.randn(len(gs), 4, requires_grad=True)
+    g = torch.Generator().manual_seed(0)
+    a = render(gs, cams, f, rgb=rgb)
+    b = render(gs, cams, f, rgb=rgb, features_shape_geometry=False)
+    assert torch.equal(a.features, b.features) and torch.equal(a.alpha, b.alpha)
+    up = torch.randn(a.features.shape, generator=g)
+    ga = torch.autograd.grad((a.features * up).sum(), [f, gs.means], allow_unused=True, retain_graph=True)
+    gb = torch.autograd.grad((b.features * up).sum(), [f, gs.means], allow_unused=True, retain_graph=True)
+    torch.testing.assert_close(gb[0], ga[0])
+    assert ga[1].abs().sum() > 0 and (gb[1] is None or gb[1].abs().sum() == 0)
+    if rgb:
+        up = torch.randn(a.rgb.shape, generator=g)
+        ra = torch.autograd.grad((a.rgb * up).sum(), gs.means)[0]
+        rb = torch.autograd.grad((b.rgb * up).sum(), gs.means)[0]
+        torch.testing.assert_close(rb, ra)

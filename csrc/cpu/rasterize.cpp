@@ -166,13 +166,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
   return {render, alpha, d1, d2, last_ids};
 }
 
+// One (Gaussian, pixel) pair of the backward over channels [0, n) (n = CT when known at compile time): adds
+// the features' gradient w v_out to gf, the pair's weight to the behind-sums buf, and returns the channels'
+// share of d loss / d alpha, sum_c (f_c T - buf_c / (1 - alpha)) v_out_c (prod: n floats of scratch).
+template <int CT>
+inline float channels_bwd(float* __restrict gf, float* __restrict prod, float* __restrict buf,
+                          const float* __restrict f, const float* __restrict v_out, float w, float T, float ra,
+                          int64_t n_rt) {
+  const int64_t n = CT > 0 ? CT : n_rt;
+#pragma omp simd
+  for (int64_t c = 0; c < n; ++c) {
+    gf[c] += w * v_out[c];
+    prod[c] = (f[c] * T - buf[c] * ra) * v_out[c];
+    buf[c] += f[c] * w;
+  }
+  return tree_sum<CT>(prod, n);
+}
+
 template <int CT>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize_bwd_impl(
     const at::Tensor& means2d_, const at::Tensor& conics_, const at::Tensor& features_,
     const at::Tensor& opacities_, const at::Tensor& depths_, const c10::optional<at::Tensor>& backgrounds_,
     int64_t width, int64_t height, int64_t tile_size, const at::Tensor& isect_offsets_,
     const at::Tensor& flatten_ids_, const at::Tensor& alpha_, const at::Tensor& last_ids_,
-    const at::Tensor& v_render_, const at::Tensor& v_alpha_, const at::Tensor& v_d1_, const at::Tensor& v_d2_) {
+    const at::Tensor& v_render_, const at::Tensor& v_alpha_, const at::Tensor& v_d1_, const at::Tensor& v_d2_,
+    int64_t geometry_channels) {
   const auto means2d = means2d_.contiguous(), conics = conics_.contiguous(), features = features_.contiguous();
   const auto opacities = opacities_.contiguous(), depths = depths_.contiguous();
   const auto isect_offsets = isect_offsets_.contiguous(), flatten_ids = flatten_ids_.contiguous();
@@ -183,6 +201,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
   if (backgrounds_.has_value()) backgrounds = backgrounds_->contiguous();
 
   const int64_t B = means2d.size(0), N = means2d.size(1), C = CT > 0 ? CT : features.size(2);
+  // channels [0, CG) pass their gradient on to the geometry, [CG, C) only to their features
+  const int64_t CG = geometry_channels < 0 ? C : std::min<int64_t>(geometry_channels, C);
+  const bool geo_all = CG == C;
   const int64_t TH = isect_offsets.size(1), TW = isect_offsets.size(2);
   const int64_t n_isects = flatten_ids.numel();
   // Per-intersection gradient rows: [xy(2), conic(3), opacity(1), depth(1), features(C)].
@@ -251,7 +272,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
           rvd1[l] = vd1[pix]; rvd2[l] = vd2[pix]; rva[l] = va[pix];
           const float* v_out = v_row + l * C;
           float bg_dot = 0.0f;
-          if (bg) for (int64_t c = 0; c < C; ++c) bg_dot += bg[b * C + c] * v_out[c];
+          if (bg) for (int64_t c = 0; c < CG; ++c) bg_dot += bg[b * C + c] * v_out[c];
           rbg[l] = bg_dot;
         }
         if (active == 0) continue;
@@ -280,9 +301,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
           const float dy = tg.y[k] - fy, mx0 = tg.x[k] - ((float)x0 + 0.5f);
           // d features of this pair's Gaussian: in registers for a compile-time multiple of 16
           constexpr int kV = (CT > 0 && CT % 16 == 0) ? CT / 16 : 0;
+          const bool v16 = kV > 0 && geo_all;
           vf16 gv[kV > 0 ? kV : 1] = {};
           float* gf = rgf.data();
-          if constexpr (kV == 0) std::fill(gf, gf + C, 0.0f);
+          if (!v16) std::fill(gf, gf + C, 0.0f);
           float g0 = 0.0f, g1 = 0.0f, g2 = 0.0f, g3 = 0.0f, g4 = 0.0f, g5 = 0.0f, g6 = 0.0f;
           for (; mask; mask &= mask - 1) {
             const int64_t l = std::countr_zero(mask);
@@ -295,7 +317,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
             float* buf = rbuf.data() + l * C;
             // v_a (d loss / d alpha) from the features: sum_c (f_c T - behind_c / (1 - a)) v_out_c
             float v_a;
-            if constexpr (kV > 0) {
+            if (v16) {
               vf16 acc{};
               for (int u = 0; u < kV; ++u) {
                 const vf16 vo = load16(v_out + 16 * u), fu = load16(f + 16 * u), bu = load16(buf + 16 * u);
@@ -304,15 +326,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
                 store16(buf + 16 * u, bu + fu * w);
               }
               v_a = hsum16(acc);
-            } else {
-              float* prod = rprod.data();
+            } else if (geo_all) {
+              v_a = channels_bwd<CT>(gf, rprod.data(), buf, f, v_out, w, T, ra, C);
+            } else {  // the first CG channels as above; the others need only their feature gradient
+              v_a = channels_bwd<0>(gf, rprod.data(), buf, f, v_out, w, T, ra, CG);
 #pragma omp simd
-              for (int64_t c = 0; c < C; ++c) {
-                gf[c] += w * v_out[c];
-                prod[c] = (f[c] * T - buf[c] * ra) * v_out[c];
-                buf[c] += f[c] * w;
-              }
-              v_a = tree_sum<CT>(prod, C);
+              for (int64_t c = CG; c < C; ++c) gf[c] += w * v_out[c];
             }
             const float v_D1 = rvd1[l], v_D2 = rvd2[l];
             v_a += (z * T - rb1[l] * ra) * v_D1 + (z * z * T - rb2[l] * ra) * v_D2;
@@ -331,7 +350,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
               g5 += vis * v_a;
             }
           }
-          if constexpr (kV > 0) {
+          if (v16) {
             for (int u = 0; u < kV; ++u) store16(grow + 7 + 16 * u, load16(grow + 7 + 16 * u) + gv[u]);
           } else {
 #pragma omp simd
@@ -388,12 +407,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
     const at::Tensor& depths, const c10::optional<at::Tensor>& backgrounds, int64_t width, int64_t height,
     int64_t tile_size, const at::Tensor& isect_offsets, const at::Tensor& flatten_ids, const at::Tensor& alpha,
     const at::Tensor& last_ids, const at::Tensor& v_render, const at::Tensor& v_alpha, const at::Tensor& v_d1,
-    const at::Tensor& v_d2) {
+    const at::Tensor& v_d2, int64_t geometry_channels) {
   check_inputs(means2d, conics, features, opacities, depths, backgrounds, isect_offsets, flatten_ids, tile_size);
   return dispatch_channels(features.size(2), [&](auto ct) {
     return rasterize_bwd_impl<decltype(ct)::value>(means2d, conics, features, opacities, depths, backgrounds, width,
                                                    height, tile_size, isect_offsets, flatten_ids, alpha, last_ids,
-                                                   v_render, v_alpha, v_d1, v_d2);
+                                                   v_render, v_alpha, v_d1, v_d2, geometry_channels);
   });
 }
 

@@ -55,7 +55,8 @@ __global__ void rasterize_fwd_kernel(const float* __restrict__ xy, const float* 
 __global__ void rasterize_bwd_kernel(const float* __restrict__ xy, const float* __restrict__ con,
                                      const float* __restrict__ feat, const float* __restrict__ opac,
                                      const float* __restrict__ dep, const float* __restrict__ bg, int64_t B, int64_t C,
-                                     int64_t width, int64_t height, int64_t tile_size, int64_t TH, int64_t TW,
+                                     int64_t CG, int64_t width, int64_t height, int64_t tile_size, int64_t TH,
+                                     int64_t TW,
                                      const int32_t* __restrict__ offsets, const int32_t* __restrict__ fids,
                                      int64_t n_isects, const float* __restrict__ A, const int32_t* __restrict__ lasts,
                                      const float* __restrict__ vr, const float* __restrict__ va,
@@ -77,7 +78,7 @@ __global__ void rasterize_bwd_kernel(const float* __restrict__ xy, const float* 
   float* buf = scratch + pix * C;  // zero-initialised by the host
   const float v_A = va[pix], v_D1 = vd1[pix], v_D2 = vd2[pix];
   float bg_dot = 0.0f;
-  if (bg) for (int64_t c = 0; c < C; ++c) bg_dot += bg[b * C + c] * v_out[c];
+  if (bg) for (int64_t c = 0; c < CG; ++c) bg_dot += bg[b * C + c] * v_out[c];  // channels >= CG: no geometry
   float buf_d1 = 0.0f, buf_d2 = 0.0f;
   for (int64_t i = last; i >= start; --i) {
     const int64_t g = fids[i];
@@ -94,8 +95,10 @@ __global__ void rasterize_bwd_kernel(const float* __restrict__ xy, const float* 
     float v_a = 0.0f;
     for (int64_t c = 0; c < C; ++c) {
       atomicAdd(gfeat + g * C + c, w * v_out[c]);
-      v_a += (f[c] * T - buf[c] * ra) * v_out[c];
-      buf[c] += f[c] * w;
+      if (c < CG) {
+        v_a += (f[c] * T - buf[c] * ra) * v_out[c];
+        buf[c] += f[c] * w;
+      }
     }
     v_a += (z * T - buf_d1 * ra) * v_D1 + (z * z * T - buf_d2 * ra) * v_D2;
     v_a += T_final * ra * (v_A - bg_dot);
@@ -146,7 +149,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
     const at::Tensor& depths, const c10::optional<at::Tensor>& backgrounds_, int64_t width, int64_t height,
     int64_t tile_size, const at::Tensor& isect_offsets, const at::Tensor& flatten_ids, const at::Tensor& alpha,
     const at::Tensor& last_ids, const at::Tensor& v_render, const at::Tensor& v_alpha, const at::Tensor& v_d1,
-    const at::Tensor& v_d2) {
+    const at::Tensor& v_d2, int64_t geometry_channels) {
   const c10::cuda::CUDAGuard guard(means2d.device());
   const auto xy = means2d.contiguous(), con = conics.contiguous(), feat = features_.contiguous();
   const auto op = opacities.contiguous(), dep = depths.contiguous();
@@ -154,6 +157,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
   at::Tensor bg;
   if (backgrounds_.has_value()) bg = backgrounds_->contiguous();
   const int64_t B = xy.size(0), N = xy.size(1), C = feat.size(2), TH = offs.size(1), TW = offs.size(2);
+  const int64_t CG = geometry_channels < 0 ? C : std::min<int64_t>(geometry_channels, C);
   auto fopt = xy.options();
   auto gxy = at::zeros({B, N, 2}, fopt), gcon = at::zeros({B, N, 3}, fopt), gfeat = at::zeros({B, N, C}, fopt);
   auto gop = at::zeros({B, N}, fopt), gdep = at::zeros({B, N}, fopt);
@@ -163,7 +167,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
   const dim3 blocks(TW, TH, B), threads(tile_size, tile_size, 1);
   rasterize_bwd_kernel<<<blocks, threads, 0, c10::cuda::getCurrentCUDAStream()>>>(
       xy.data_ptr<float>(), con.data_ptr<float>(), feat.data_ptr<float>(), op.data_ptr<float>(), dep.data_ptr<float>(),
-      bg.defined() ? bg.data_ptr<float>() : nullptr, B, C, width, height, tile_size, TH, TW, offs.data_ptr<int32_t>(),
+      bg.defined() ? bg.data_ptr<float>() : nullptr, B, C, CG, width, height, tile_size, TH, TW,
+      offs.data_ptr<int32_t>(),
       fids.data_ptr<int32_t>(), fids.numel(), A.data_ptr<float>(), L.data_ptr<int32_t>(), vr.data_ptr<float>(),
       va.data_ptr<float>(), vd1.data_ptr<float>(), vd2.data_ptr<float>(), scratch.data_ptr<float>(),
       gxy.data_ptr<float>(), gcon.data_ptr<float>(), gfeat.data_ptr<float>(), gop.data_ptr<float>(),

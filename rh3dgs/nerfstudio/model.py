@@ -27,6 +27,9 @@ The CPU-safe splatfacto is :mod:`rh3dgs.nerfstudio.splatfacto_cpu`; this model i
   teacher's resolution by default), ``lic_loss`` = its LIC term (training only, from its start step).
 * Metrics: ``sem_cos`` / ``sem_cos_vcd`` on what the objective compares, in training only on the steps
   the trainer logs.
+* Geometry: by default (``semantic_geometry_grad=False``) only the RGB loss shapes the Gaussians, as in
+  splatfacto; the semantic loss trains the latents on that geometry (``distill()``'s problem on moving
+  Gaussians), and its channels' share of the rasterizer's alpha gradient is never computed.
 * ``freeze_geometry``: only the semantic parts train (no gradient to means / scales / quats / opacities,
   no densification): ``distill()``'s problem, on the model's Gaussians (e.g. a trained splatfacto's).
 
@@ -74,10 +77,15 @@ class Rh3dgsModelConfig(SplatfactoCPUModelConfig):
     """The semantic objective (VCD / VFM / LIC switches, lambda_sem, lambda_con, resolution...): the one of
     ``distill()``, weighted 0.1 against splatfacto's RGB loss. The semantic parameters (latents, background
     latent) get no other gradient and their Adam steps do not depend on the loss scale (eps 1e-15), so they
-    learn as with weight 1; the Gaussians' geometry, which both losses move, is pushed 10x less by the
-    semantic one: held-out PSNR of rh3dgs-lite 0.36 dB below the same run without semantics at 0.1 (0.05 dB with
-    the latents' Adam at eps 1e-8, where they barely learn), 0.49-0.53 dB at weight 1 (synthetic 64 px scene, 8
-    held-out views; ``tests/test_nerfstudio.py``)."""
+    learn as with weight 1. With ``semantic_geometry_grad`` the Gaussians' geometry, which both losses then
+    move, is pushed 10x less by the semantic one (held-out PSNR of rh3dgs-lite 0.36 dB below the same run
+    without semantics at 0.1, 0.49-0.53 dB at weight 1; synthetic 64 px scene, 8 held-out views)."""
+    semantic_geometry_grad: bool = False
+    """Let the semantic loss move the Gaussians' geometry (means, scales, quats, opacities). False (default):
+    the geometry is splatfacto's, shaped by RGB alone, and the semantic loss trains the latents on it as
+    ``distill()`` does on fixed Gaussians: the rasterizer's backward skips the latent channels' share of
+    the alpha gradient (``render(features_shape_geometry=False)``, also the cheaper backward) and the
+    objective reads A, D1, D2 detached."""
     semantic_steps: Optional[int] = None
     """Length of the run the objective's schedules span (VFM's delta annealing, LIC's start and refresh):
     None = the trainer's ``max_num_iterations``."""
@@ -246,6 +254,10 @@ class Rh3dgsModel(SplatfactoCPUModel):
     def render_features(self, gaussians) -> Optional[Tensor]:
         return self.semantic_latents(gaussians.latents)  # composited with RGB in one pass
 
+    @property
+    def features_shape_geometry(self) -> bool:
+        return self.config.semantic_geometry_grad
+
     def view_outputs(self, view: ViewRender) -> Dict[str, Tensor]:
         out = super().view_outputs(view)
         out["latents"] = view.result.features.squeeze(0)  # [H, W, d]
@@ -310,6 +322,8 @@ class Rh3dgsModel(SplatfactoCPUModel):
         region fractions [1, H, W] (``batch["teacher_regions"]``, kept per camera by the data manager) or None."""
         lat = outputs["latents"][None]
         A, D1, D2 = (outputs[k][None, ..., 0] for k in ("accumulation", "depth_m1", "depth_m2"))
+        if not self.config.semantic_geometry_grad:  # the statistics, too, only weight and mask the comparison
+            A, D1, D2 = A.detach(), D1.detach(), D2.detach()
         t = batch["teacher"].to(lat.device).float()
         if "mask" in batch:  # nerfstudio's mask (1 = use): teacher cells mostly outside it give no feature
             m = batch["mask"].to(lat.device).float().permute(2, 0, 1)[None]  # [1, 1, H, W]

@@ -308,6 +308,11 @@ class SplatfactoCPUModel(SplatfactoModel):
         """Per-Gaussian features [N, C] composited in the same pass as RGB (None: RGB only)."""
         return None
 
+    @property
+    def features_shape_geometry(self) -> bool:
+        """Whether the gradients of :meth:`render_features`' channels reach the geometry (``render``'s option)."""
+        return True
+
     def render_camera(self, camera: NSCameras) -> Optional[ViewRender]:
         """Render one camera: splatfacto's l. 543-624 on :func:`rh3dgs.rendering.render` (None: empty crop).
 
@@ -335,7 +340,8 @@ class SplatfactoCPUModel(SplatfactoModel):
 
         cams = Cameras(viewmats=viewmat_from_c2w(c2w.to(self.device).float()), Ks=K.float(), width=W, height=H)
         g = self.gaussians_for_render(crop_ids)
-        res = render(g, cams, self.render_features(g), rgb=True)  # ONE pass: RGB (+ features) + A, D1, D2
+        res = render(g, cams, self.render_features(g), rgb=True,  # ONE pass: RGB (+ features) + A, D1, D2
+                     features_shape_geometry=self.features_shape_geometry)
         means2d = res.projection.means2d
         self.info = {"means2d": means2d, "radii": res.radii, "width": W, "height": H, "n_cameras": 1,
                      "gaussian_ids": None, "depths": res.projection.depths}

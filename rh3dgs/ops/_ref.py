@@ -143,10 +143,12 @@ def _ref_tile_contributions(
 def _ref_rasterize_to_pixels(
     means2d: Tensor, conics: Tensor, features: Tensor, opacities: Tensor, depths: Tensor,
     backgrounds: Optional[Tensor], width: int, height: int, tile_size: int,
-    isect_offsets: Tensor, flatten_ids: Tensor,
+    isect_offsets: Tensor, flatten_ids: Tensor, geometry_channels: Optional[int] = None,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Reference of ``rasterize_to_pixels``: returns render [B,H,W,C], alpha, d1, d2 [B,H,W]."""
+    """Reference of ``rasterize_to_pixels``: returns render [B,H,W,C], alpha, d1, d2 [B,H,W]. Channels from
+    ``geometry_channels`` on are composited with detached weights (their gradient reaches their features only)."""
     B, N, C = features.shape
+    cg = C if geometry_channels is None else min(int(geometry_channels), C)
     feat_all = features.reshape(-1, C)
     z_all = depths.reshape(-1)
     render = [torch.zeros(height * width, C, dtype=features.dtype) for _ in range(B)]
@@ -156,9 +158,14 @@ def _ref_rasterize_to_pixels(
     for b, pix, ids, w, t_final in _ref_tile_contributions(
         means2d, conics, opacities, width, height, tile_size, isect_offsets, flatten_ids
     ):
-        out = w @ feat_all[ids] if ids.numel() else torch.zeros(pix.numel(), C, dtype=features.dtype)
+        if ids.numel():
+            f = feat_all[ids]
+            out = torch.cat([w @ f[..., :cg], w.detach() @ f[..., cg:]], dim=-1)
+        else:
+            out = torch.zeros(pix.numel(), C, dtype=features.dtype)
         if backgrounds is not None:
-            out = out + t_final[:, None] * backgrounds[b][None, :]
+            t = torch.cat([t_final[:, None].expand(-1, cg), t_final.detach()[:, None].expand(-1, C - cg)], dim=-1)
+            out = out + t * backgrounds[b][None, :]
         z = z_all[ids]
         render[b] = render[b].index_put((pix,), out)
         alpha[b] = alpha[b].index_put((pix,), 1 - t_final)

@@ -44,7 +44,7 @@ class RasterOutput:
 class _RasterizeNative(torch.autograd.Function):
     @staticmethod
     def forward(ctx, means2d, conics, features, opacities, depths, backgrounds, width, height, tile_size,
-                isect_offsets, flatten_ids):
+                isect_offsets, flatten_ids, geometry_channels):
         ops = native_ops()
         render, alpha, d1, d2, last_ids = ops.rasterize_fwd(
             means2d, conics, features, opacities, depths, backgrounds, width, height, tile_size,
@@ -52,7 +52,7 @@ class _RasterizeNative(torch.autograd.Function):
         )
         ctx.save_for_backward(means2d, conics, features, opacities, depths, backgrounds, isect_offsets,
                               flatten_ids, alpha, last_ids)
-        ctx.dims = (width, height, tile_size)
+        ctx.dims = (width, height, tile_size, geometry_channels)
         ctx.mark_non_differentiable(last_ids)
         return render, alpha, d1, d2, last_ids
 
@@ -60,24 +60,36 @@ class _RasterizeNative(torch.autograd.Function):
     def backward(ctx, v_render, v_alpha, v_d1, v_d2, _v_last):
         (means2d, conics, features, opacities, depths, backgrounds, isect_offsets, flatten_ids, alpha,
          last_ids) = ctx.saved_tensors
-        width, height, tile_size = ctx.dims
+        width, height, tile_size, geometry_channels = ctx.dims
         zeros = lambda t, g: torch.zeros_like(t) if g is None else g.contiguous()  # noqa: E731
         v_render = zeros(torch.empty(*alpha.shape, features.shape[-1], device=alpha.device), v_render)
         v_alpha, v_d1, v_d2 = zeros(alpha, v_alpha), zeros(alpha, v_d1), zeros(alpha, v_d2)
         v_means2d, v_conics, v_features, v_opacities, v_depths = native_ops().rasterize_bwd(
             means2d, conics, features, opacities, depths, backgrounds, width, height, tile_size,
-            isect_offsets, flatten_ids, alpha, last_ids, v_render, v_alpha, v_d1, v_d2,
+            isect_offsets, flatten_ids, alpha, last_ids, v_render, v_alpha, v_d1, v_d2, geometry_channels,
         )
         v_bg = None
         if backgrounds is not None and ctx.needs_input_grad[5]:
             v_bg = ((1 - alpha)[..., None] * v_render).sum(dim=(1, 2))
-        return v_means2d, v_conics, v_features, v_opacities, v_depths, v_bg, None, None, None, None, None
+        return v_means2d, v_conics, v_features, v_opacities, v_depths, v_bg, None, None, None, None, None, None
 
 
 def _rasterize_gsplat(means2d, conics, features, opacities, depths, backgrounds, width, height, tile_size,
-                      isect_offsets, flatten_ids) -> RasterOutput:
-    """CUDA fallback when rh3dgs was built without CUDA kernels: gsplat with [f, z, z^2] channels."""
+                      isect_offsets, flatten_ids, geometry_channels: int = -1) -> RasterOutput:
+    """CUDA fallback when rh3dgs was built without CUDA kernels: gsplat with [f, z, z^2] channels (the channels
+    from ``geometry_channels`` on in a second call, on detached geometry)."""
     C = features.shape[-1]
+    cg = C if geometry_channels < 0 else min(geometry_channels, C)
+    if cg < C:
+        det = [t.detach() for t in (means2d, conics, features[..., cg:], opacities, depths)]
+        det[2] = features[..., cg:]
+        tail = _rasterize_gsplat(*det, None if backgrounds is None else backgrounds[:, cg:], width, height, tile_size,
+                                 isect_offsets, flatten_ids)
+        head = _rasterize_gsplat(means2d, conics, features[..., :max(cg, 1)], opacities, depths,
+                                 None if backgrounds is None else backgrounds[:, :max(cg, 1)], width, height, tile_size,
+                                 isect_offsets, flatten_ids)  # cg = 0: one channel for the statistics, dropped
+        render = torch.cat([head.render[..., :cg], tail.render], dim=-1)
+        return RasterOutput(render, head.alpha, head.d1, head.d2)
     stacked = torch.cat([features, depths[..., None], depths[..., None] ** 2], dim=-1)
     bg = None
     if backgrounds is not None:
@@ -99,6 +111,7 @@ def rasterize_to_pixels(
     isect_offsets: Tensor,
     flatten_ids: Tensor,
     backgrounds: Optional[Tensor] = None,
+    geometry_channels: Optional[int] = None,
 ) -> RasterOutput:
     """Rasterize N-D features with render statistics.
 
@@ -111,6 +124,11 @@ def rasterize_to_pixels(
         width, height, tile_size: image and tile size.
         isect_offsets: [B, TH, TW] int32, flatten_ids: [M] int32 from :func:`rh3dgs.ops.isect_tiles`.
         backgrounds: optional [B, C] background added with weight T (= 1 - A).
+        geometry_channels: only the first ``geometry_channels`` channels pass their gradient on to the
+            geometry (means2d, conics, opacities, depths); the others' gradients reach their features (and
+            backgrounds) only, as if composited with detached weights. None: all channels. The backward then
+            skips those channels' share of the alpha gradient (RGB + latents in one pass where only RGB
+            shapes the Gaussians). A, D1 and D2 keep their gradients.
 
     Returns:
         :class:`RasterOutput`. Differentiable w.r.t. means2d, conics, features, opacities,
@@ -126,7 +144,11 @@ def rasterize_to_pixels(
     args = [t.float().contiguous() for t in (means2d, conics, features, opacities, depths)]
     bg = None if backgrounds is None else backgrounds.float().contiguous()
     offs, fids = isect_offsets.int().contiguous(), flatten_ids.int().contiguous()
+    cg = -1 if geometry_channels is None else int(geometry_channels)
+    if geometry_channels is not None and cg < 0:
+        raise ShapeError(f"geometry_channels must be >= 0 (or None: all), got {geometry_channels}")
     if means2d.is_cuda and not has_native_kernel("rasterize_fwd", means2d.device):
-        return _rasterize_gsplat(*args, bg, width, height, tile_size, offs, fids)
-    render, alpha, d1, d2, _ = _RasterizeNative.apply(*args, bg, int(width), int(height), int(tile_size), offs, fids)
+        return _rasterize_gsplat(*args, bg, width, height, tile_size, offs, fids, cg)
+    render, alpha, d1, d2, _ = _RasterizeNative.apply(*args, bg, int(width), int(height), int(tile_size), offs, fids,
+                                                      cg)
     return RasterOutput(render, alpha, d1, d2)
