@@ -81,10 +81,9 @@ def _rasterize_gsplat(means2d, conics, features, opacities, depths, backgrounds,
     C = features.shape[-1]
     cg = C if geometry_channels < 0 else min(geometry_channels, C)
     if cg < C:
-        det = [t.detach() for t in (means2d, conics, features[..., cg:], opacities, depths)]
-        det[2] = features[..., cg:]
-        tail = _rasterize_gsplat(*det, None if backgrounds is None else backgrounds[:, cg:], width, height, tile_size,
-                                 isect_offsets, flatten_ids)
+        tail = _rasterize_gsplat(means2d.detach(), conics.detach(), features[..., cg:], opacities.detach(),
+                                 depths.detach(), None if backgrounds is None else backgrounds[:, cg:], width, height,
+                                 tile_size, isect_offsets, flatten_ids)
         head = _rasterize_gsplat(means2d, conics, features[..., :max(cg, 1)], opacities, depths,
                                  None if backgrounds is None else backgrounds[:, :max(cg, 1)], width, height, tile_size,
                                  isect_offsets, flatten_ids)  # cg = 0: one channel for the statistics, dropped
