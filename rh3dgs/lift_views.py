@@ -222,7 +222,7 @@ class LiftViews:
         self._guide = r.rgb
         maps = self.get_maps(idx, self._raws, r.rgb)
         regions = (region_fraction(self._raws, (self.H, self.W)).to(self.dev)
-                   if cfg.use_vcd and cfg.vcd.segment_power > 0 else None)
+                   if cfg.use_vcd and cfg.vcd.reads_regions else None)
         w = pixel_weights(r.alpha, r.d1, r.d2, maps, use_vcd=cfg.use_vcd, vcd=cfg.vcd, min_coverage=cfg.min_coverage,
                           footprint=self.footprint, region_fraction=regions)
         if self.plan.cache != "compact":

@@ -185,7 +185,7 @@ class SemanticObjective(torch.nn.Module):
     @property
     def uses_regions(self) -> bool:
         """Whether the pixel weights read the teacher's regions (VCD's mask-specificity term)."""
-        return self.cfg.use_vcd and self.cfg.vcd.segment_power > 0
+        return self.cfg.use_vcd and self.cfg.vcd.reads_regions
 
     def compare(self, latents_2d: Tensor, alpha: Tensor, depth_m1: Tensor, depth_m2: Tensor, decoder: Tensor,
                 teacher: Tensor, regions: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
@@ -235,12 +235,12 @@ class SemanticObjective(torch.nn.Module):
         cfg = self.cfg
         pred, z, w = self.compare(latents_2d, alpha, depth_m1, depth_m2, decoder, teacher, regions)
         if cfg.use_vfm:
-            regions = None  # the teacher's own regions (a mask teacher's masks) for region-wise means
+            region_ids = None  # the teacher's own regions (a mask teacher's masks) for region-wise means
             if self.vfm_cfg.region_wise and self.vfm_cfg.lambda_mean > 0:
                 from .teachers.maps import constant_regions
 
-                regions = constant_regions(teacher, tuple(pred.shape[1:3])).to(pred.device)
-            loss, p = vfm_loss(pred, z, w, step, self.vfm_cfg, regions=regions)
+                region_ids = constant_regions(teacher, tuple(pred.shape[1:3])).to(pred.device)
+            loss, p = vfm_loss(pred, z, w, step, self.vfm_cfg, regions=region_ids)
             parts = {"pix": float(p["pix"]), "mean": float(p["mean"]), "delta": float(p["delta"])}
         else:
             cos = (F.normalize(pred, dim=-1) * z).sum(-1)

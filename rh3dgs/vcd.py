@@ -93,6 +93,11 @@ class VCDConfig:
     """gamma of the mask-specificity term W_seg = (frac / smallest frac) ** -gamma (0: off), frac the share of the view
     covered by the pixel's teacher region (module docstring); used where a region map is given."""
 
+    @property
+    def reads_regions(self) -> bool:
+        """Whether the weights use the teacher's regions (the mask-specificity term W_seg is on)."""
+        return self.segment_power > 0
+
     @classmethod
     def rh3dgs(cls, **overrides) -> "VCDConfig":
         """The settings the lift and the objective use by default (chosen on development draws of the
@@ -300,7 +305,7 @@ def reliability_weights(
         w_fp = (footprint_purity(dbar, valid & (A >= 0.5), cfg.footprint, cfg.footprint_tol) ** cfg.footprint_power
                 if cfg.footprint > 1.0 and cfg.footprint_power > 0 else ones)
         w_seg = ones
-        if region_fraction is not None and cfg.segment_power > 0:
+        if region_fraction is not None and cfg.reads_regions:
             frac = region_fraction.detach().to(A.device, dtype).clamp(0.0, 1.0)
             has = frac > 0  # 0: no teacher region (no feature), weight 0
             smallest = torch.where(valid & has, frac, torch.ones_like(frac)).flatten(1).amin(1)[:, None, None]

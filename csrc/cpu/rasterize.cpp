@@ -204,6 +204,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
   // channels [0, CG) pass their gradient on to the geometry, [CG, C) only to their features
   const int64_t CG = geometry_channels < 0 ? C : std::min<int64_t>(geometry_channels, C);
   const bool geo_all = CG == C;
+  constexpr int kV = (CT > 0 && CT % 16 == 0) ? CT / 16 : 0;  // 16-float blocks of a compiled channel count
+  const bool v16 = kV > 0 && geo_all;  // the vector path: all channels, in registers
   const int64_t TH = isect_offsets.size(1), TW = isect_offsets.size(2);
   const int64_t n_isects = flatten_ids.numel();
   // Per-intersection gradient rows: [xy(2), conic(3), opacity(1), depth(1), features(C)].
@@ -300,8 +302,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
           for (int64_t l = 0; l < L; ++l) rra[l] = 1.0f / (1.0f - ralpha[l]);  // vector divide, all lanes
           const float dy = tg.y[k] - fy, mx0 = tg.x[k] - ((float)x0 + 0.5f);
           // d features of this pair's Gaussian: in registers for a compile-time multiple of 16
-          constexpr int kV = (CT > 0 && CT % 16 == 0) ? CT / 16 : 0;
-          const bool v16 = kV > 0 && geo_all;
           vf16 gv[kV > 0 ? kV : 1] = {};
           float* gf = rgf.data();
           if (!v16) std::fill(gf, gf + C, 0.0f);

@@ -242,10 +242,7 @@ def constant_regions(m: Union[Tensor, Sequence[Tensor]], size: Optional[Tuple[in
     labels = np.where(nz, labels, -1)
     _, ids = np.unique(labels, return_inverse=True)  # consecutive ids; -1 sorts first
     ids = ids.reshape(h, w) - (1 if (~nz).any() else 0)
-    out = torch.from_numpy(ids.astype(np.int64))
-    if size is not None and tuple(size) != (h, w):
-        out = F.interpolate(out[None, None].double(), size=tuple(int(s) for s in size), mode="nearest")[0, 0].long()
-    return out.to(m.device)
+    return _resize_nearest(torch.from_numpy(ids.astype(np.int64)), size).to(m.device)
 
 
 def region_fraction(m: Union[Tensor, Sequence[Tensor]], size: Optional[Tuple[int, int]] = None) -> Tensor:
@@ -269,10 +266,14 @@ def region_fraction(m: Union[Tensor, Sequence[Tensor]], size: Optional[Tuple[int
     counts = torch.bincount(ids[ok], minlength=1).double()
     frac = torch.zeros(h, w, dtype=torch.float64)
     frac[ok] = counts[ids[ok]] / float(h * w)
-    out = frac.float()
-    if size is not None and tuple(size) != (h, w):
-        out = F.interpolate(out[None, None], size=tuple(int(s) for s in size), mode="nearest")[0, 0]
-    return out.to(m.device)
+    return _resize_nearest(frac.float(), size).to(m.device)
+
+
+def _resize_nearest(x: Tensor, size: Optional[Tuple[int, int]]) -> Tensor:
+    """[h, w] -> [H, W] by nearest neighbour (ids or fractions: no value is blended); None / same size: as is."""
+    if size is None or tuple(size) == tuple(x.shape):
+        return x
+    return F.interpolate(x[None, None].double(), size=tuple(int(s) for s in size), mode="nearest")[0, 0].to(x.dtype)
 
 
 def prepare_maps(teacher_maps: TeacherMaps, views: Sequence[int], size: Tuple[int, int],
