@@ -2,11 +2,12 @@
 
 The last feature step of the lift (:func:`rh3dgs.lifting.lift`, ``LiftConfig.fill``): a Gaussian
 with too little weight, or seen only through the surfaces in front of it, takes the vote of the
-observed Gaussians around it under a bilateral (space x colour) kernel (scipy ``cKDTree``), so that
+observed Gaussians around it under a bilateral (space x colour) kernel (scipy ``cKDTree``, all cores), so that
 a 3D query selects whole objects, their hidden parts included.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Optional, Tuple
 
 import torch
@@ -32,7 +33,7 @@ def fill_from_neighbours(means: Tensor, colors: Tensor, features: Tensor, observ
     whatever its colour. Gaussians with none stay without a feature. ``q_j`` is the neighbour's
     ``confidence`` (1 when None): the lift passes its visibility squared, since an observed Gaussian seen
     mostly through the surface in front of it (the floor at the foot of a box) carries some of that surface's
-    feature. Memory: ``[M, k]`` weights for the M filled Gaussians (a sparse product, no ``[M, k, D]`` gather).
+    feature. Memory: ``[M, k]`` weights for the M filled Gaussians (a CSR product, no ``[M, k, D]`` gather).
 
     Args:
         means [N, 3], colors [N, 3] in [0, 1], features [N, D] unit rows, observed [N] bool;
@@ -62,16 +63,16 @@ def fill_from_neighbours(means: Tensor, colors: Tensor, features: Tensor, observ
     radius = max(float(radius), 1e-12)
     kk = min(int(k), len(src))
     tree = cKDTree(pts[src].numpy())
-    col = colors.detach().double().cpu()
-    conf = None if confidence is None else confidence.detach().double().cpu().clamp_min(1e-12)
+    col = colors.detach().float().cpu()
+    conf = None if confidence is None else confidence.detach().float().cpu().clamp_min(1e-12)
     out = features.clone()
     chunk = max(1, (1 << 22) // kk)  # rows per chunk: ~4M (row, neighbour) pairs at a time
     for a in range(0, len(todo), chunk):
         rows = todo[a:a + chunk]
-        dist, j = tree.query(pts[rows].numpy(), k=kk, distance_upper_bound=radius)
-        dist, j = torch.from_numpy(dist.reshape(len(rows), kk)), torch.from_numpy(j.reshape(len(rows), kk))
-        ok = torch.isfinite(dist)  # missing neighbours: inf distance, index len(src)
-        got = ok.any(1)
+        dist, j = tree.query(pts[rows].numpy(), k=kk, distance_upper_bound=radius, workers=-1)
+        dist = torch.from_numpy(dist.reshape(len(rows), kk)).float()
+        j = torch.from_numpy(j.reshape(len(rows), kk))
+        got = torch.isfinite(dist[:, 0])  # missing neighbours: inf distance, index len(src); nearest first
         if not bool(got.any()):
             continue
         jj = src[j[got].clamp_max(len(src) - 1)]
@@ -80,10 +81,13 @@ def fill_from_neighbours(means: Tensor, colors: Tensor, features: Tensor, observ
         w = torch.softmax(-dc2 / (2.0 * color_sigma ** 2) - dist[got] ** 2 / (2.0 * (0.5 * radius) ** 2), dim=1)
         if conf is not None:
             w = w * conf[jj]
-        r = torch.arange(len(jj))[:, None].expand_as(w)
-        W = torch.sparse_coo_tensor(torch.stack([r.reshape(-1), jj.reshape(-1)]), w.reshape(-1), (len(jj), N),
-                                    check_invariants=False).coalesce().to(features.dtype).to(features.device)
+        # rows of kk (neighbour, weight) pairs: a CSR matrix [rows, N] times the features
+        crow = torch.arange(0, w.numel() + 1, kk, dtype=torch.int64)
+        with warnings.catch_warnings():  # torch calls its CSR tensors beta
+            warnings.simplefilter("ignore", UserWarning)
+            W = torch.sparse_csr_tensor(crow, jj.reshape(-1), w.reshape(-1).to(features.dtype), (len(jj), N),
+                                        check_invariants=False)
         idx = rows[got].to(features.device)
-        out[idx] = torch.nn.functional.normalize(torch.sparse.mm(W, features), dim=-1)
+        out[idx] = torch.nn.functional.normalize(W.to(features.device) @ features, dim=-1)
         filled[idx] = True
     return out, filled

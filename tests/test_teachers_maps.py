@@ -156,6 +156,13 @@ def test_guided_upsample_matches_its_formula():
     assert torch.allclose(out, ref, atol=1e-5)
     guide[5, 6] = torch.tensor([5.0, -5.0, 5.0])  # a colour no cell has: no feature
     assert float(guided_upsample(m, guide, sigma_color=0.2, sigma_space=0.8)[5, 6].abs().max()) == 0.0
+    # cells of equal size (16 / 4 px) and a wider neighbourhood; unequal cells in both axes (17 / 5, 7 / 3 px)
+    for (h, w, H, W), r in (((4, 4, 16, 16), 2), ((5, 3, 17, 7), 1)):
+        m = torch.nn.functional.normalize(torch.randn(h, w, 6, generator=g), dim=-1)
+        m[0, 1] = 0
+        guide = torch.rand(H, W, 3, generator=g)
+        ref = _reference_guided(m, guide, 0.2, 0.8, r)
+        assert torch.allclose(guided_upsample(m, guide, sigma_color=0.2, sigma_space=0.8, radius=r), ref, atol=1e-5)
 
 
 def test_guided_upsample_removes_the_patch_halo():
