@@ -108,6 +108,17 @@ struct ThreadRecord {
   std::vector<float> w, mass;
 };
 
+constexpr int64_t kPrefetch = 6;  // segments ahead
+
+// Starts loading the D-row gi of the means (MODE 1) and of the thread's sums (written next).
+template <int MODE>
+inline void prefetch_rows_of(int64_t gi, const float* m, float* acc_v, int64_t D) {
+  for (int64_t d = 0; d < D; d += 16) {
+    if constexpr (MODE == 1) __builtin_prefetch(m + gi * D + d, 0, 3);
+    __builtin_prefetch(acc_v + gi * D + d, 1, 3);
+  }
+}
+
 // One aggregation pass over the tiles of B views (mode 0: init, 1: IRLS step).
 template <int CT, int MODE>
 void aggregate_tiles(int64_t B, int64_t NB, int64_t H, int64_t W, int64_t D_rt, int64_t TH, int64_t TW,
@@ -148,6 +159,8 @@ void aggregate_tiles(int64_t B, int64_t NB, int64_t H, int64_t W, int64_t D_rt, 
       tg.gather(pg, fids, start, K);
       lg.resize(K);
       for (int64_t k = 0; k < K; ++k) lg[k] = fids[start + k] % NB;  // flatten_ids index b * N + n
+      // the tile's rows of the sums (and means) are random rows of N x D tables: start them all now
+      for (int64_t k = 0; k < K; ++k) prefetch_rows_of<MODE>(lg[k], m, acc_v.data(), D);
       const int64_t nx = x1 - x0;
       rows.build(tg, y0, y1, x0, x1);
       for (int64_t py = y0; py < y1; ++py) {
@@ -318,7 +331,11 @@ void replay_lists(int64_t n_lists, const int64_t* so, const int64_t* po, const i
       th_raw[t].assign(NG, 0.0f);
       th_v[t].assign((size_t)NG * D, 0.0f);
       int64_t p = po[t];
-      for (int64_t s = so[t]; s < so[t + 1]; ++s) {
+      const int64_t s_end = so[t + 1];
+      for (int64_t s = so[t]; s < s_end; ++s) {
+        // The segments visit Gaussians in traversal (pixel) order, so each one's mean and sums are a
+        // random row of an N x D table: fetch those of a segment kPrefetch ahead while this one runs.
+        if (s + kPrefetch < s_end) prefetch_rows_of<MODE>(segs[3 * (s + kPrefetch)], m, th_v[t].data(), D);
         const int64_t gi = segs[3 * s], pix0 = segs[3 * s + 1], n = segs[3 * s + 2];
         const float* mi = m + gi * D;
         SegmentSums<CT> sums(scratch.data(), D);
