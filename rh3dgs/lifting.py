@@ -190,22 +190,26 @@ class LiftResult:
         return SemanticField(self.latents, self.decoder, self.valid, self.filled)
 
 
-def pca_decoder(features: Tensor, weight: Tensor, d: int) -> tuple:
+def pca_decoder(features: Tensor, weight: Tensor, d: int, basis: Optional[Tensor] = None) -> tuple:
     """Uncentred weighted PCA: decoder [D, d] = top-d right singular vectors, latents = features @ decoder.
 
     Uncentred, so that the common direction of CLIP-like features (their cone axis) is
     the first component and the decoder needs no bias (keeps the linear query fast path).
+    ``basis`` [D, k] (orthonormal columns): the features are given as their k coordinates in span(basis)
+    (the lift's principal subspace); the PCA is then taken on the k x k moments (the same components,
+    since every feature lies in that span) and the decoder returned in the full space, [D, d].
     """
-    D = features.shape[1]
-    d = min(d, D)
+    k = features.shape[1]
+    d = min(d, k)
     w = weight.clamp_min(0).sqrt()[:, None]
-    cov = (features * w).T @ (features * w)  # [D, D]
+    cov = (features * w).T @ (features * w)  # [k, k]
     evals, evecs = torch.linalg.eigh(cov.double())
-    basis = evecs[:, torch.argsort(evals, descending=True)[:d]].float()  # [D, d]
-    # deterministic sign: largest-magnitude entry of each column positive
-    sign = torch.sign(basis.gather(0, basis.abs().argmax(0, keepdim=True)))
-    basis = basis * torch.where(sign == 0, torch.ones_like(sign), sign)
-    return basis, features @ basis
+    coords = evecs[:, torch.argsort(evals, descending=True)[:d]].float()  # [k, d]
+    basis_full = coords if basis is None else basis @ coords  # [D, d]
+    # deterministic sign: largest-magnitude entry of each column (in the full space) positive
+    sign = torch.sign(basis_full.gather(0, basis_full.abs().argmax(0, keepdim=True)))
+    sign = torch.where(sign == 0, torch.ones_like(sign), sign)
+    return basis_full * sign, features @ (coords * sign)
 
 
 def lift(
@@ -259,12 +263,12 @@ def lift(
                                           cfg.fill_color_sigma, cfg.fill_radius,
                                           confidence=visibility.clamp(0.0, 1.0) ** cfg.fill_visibility_power)
         valid = observed | filled
+    latents = decoder = None
+    if cfg.latent_dim > 0 and N > 0:  # in the subspace's coordinates when there is one (k x k moments)
+        decoder, latents = pca_decoder(mu, weight * observed, cfg.latent_dim, basis)
+        latents = latents * valid[:, None]
     if basis is not None:  # back to the teacher's space: unit rows stay unit (orthonormal columns)
         mu = mu @ basis.T
-    latents = decoder = None
-    if cfg.latent_dim > 0 and N > 0:
-        decoder, latents = pca_decoder(mu, weight * observed, cfg.latent_dim)
-        latents = latents * valid[:, None]
     info = {"method": cfg.method, "use_vcd": cfg.use_vcd, "guided": cfg.guided, "passes": 1 + len(steps),
             "subspace": None if basis is None else int(basis.shape[1]),
             "step_quantile_per_pass": steps, "seconds": time.perf_counter() - t0, "views": B, "gaussians": N,

@@ -367,6 +367,23 @@ def test_subspace_lift_equals_the_full_lift_when_the_maps_live_in_it():
     # and the lift of the 8-d maps themselves, mapped through Q: the same answer again
     small = lift(gs, cams, maps8, LiftConfig(subspace=0, **kw), progress=False)
     assert float(geodesic_distance(sub.features[ok], small.features[ok] @ Q.T).max()) < 2e-3
+    # the decoder, taken on the subspace's k x k moments, is the full-D PCA's (same signs, same latents)
+    assert sub.decoder.shape == full.decoder.shape == (40, 4)
+    assert torch.allclose(sub.decoder, full.decoder, atol=2e-3) and torch.allclose(sub.latents, full.latents, atol=2e-3)
+
+
+def test_pca_decoder_in_a_subspace_equals_the_full_pca():
+    """pca_decoder(coords, w, d, basis) = pca_decoder(coords @ basis.T, w, d): decoder [D, d] and latents."""
+    from rh3dgs.lifting import pca_decoder
+
+    g = torch.Generator().manual_seed(0)
+    basis = torch.linalg.qr(torch.randn(48, 12, generator=g))[0]  # [D=48, k=12]
+    coords = torch.randn(300, 12, generator=g) * torch.linspace(3.0, 0.1, 12)  # distinct variances
+    w = torch.rand(300, generator=g)
+    dec_full, lat_full = pca_decoder(coords @ basis.T, w, 5)
+    dec_sub, lat_sub = pca_decoder(coords, w, 5, basis)
+    assert dec_sub.shape == (48, 5) and lat_sub.shape == (300, 5)
+    assert torch.allclose(dec_sub, dec_full, atol=1e-5) and torch.allclose(lat_sub, lat_full, atol=1e-4)
 
 
 def test_subspace_lift_keeps_the_dominant_directions_of_noisy_maps():

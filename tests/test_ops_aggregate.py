@@ -19,9 +19,10 @@ def _inputs(B=2, N=70, D=12, W=40, H=31, seed=0):
     return s, feats, weights, mu
 
 
+@pytest.mark.parametrize("D", [12, 128])  # the generic kernel; the compiled one of the CLIP-sized lift's subspace
 @pytest.mark.parametrize("mode,delta", [("init", math.inf), ("irls", math.inf), ("irls", 0.3), ("irls", 1e-3)])
-def test_aggregate_matches_enumeration(mode, delta):
-    s, feats, weights, mu = _inputs()
+def test_aggregate_matches_enumeration(mode, delta, D):
+    s, feats, weights, mu = _inputs(D=D)
     args = (s["means2d"], s["conics"], s["opacities"], feats, weights)
     nat = aggregate_sphere(*args, s["isect_offsets"], s["flatten_ids"], s["tile_size"], mu=mu, delta=delta, mode=mode)
     ref = _ref_aggregate_sphere(*args, mu, delta, 0 if mode == "init" else 1, s["tile_size"], s["isect_offsets"],
@@ -49,10 +50,10 @@ def test_one_irls_step_moves_toward_the_data():
     assert t2[hit].norm(dim=-1).max() < 1e-3  # already at the mean: zero tangent step
 
 
-@pytest.mark.parametrize("D", [8, 12, 64])
+@pytest.mark.parametrize("D", [8, 12, 64, 128])
 def test_recorded_contributions_replay_the_traversal(D):
     """record=True returns the same init sums; replaying the record with any mu equals a traversal
-    (bit-identical for the compiled channel counts 8 and 64; float rounding for the generic kernel)."""
+    (bit-identical for the compiled channel counts 8, 64 and 128; float rounding for the generic kernel)."""
     from rh3dgs.ops import aggregate_sphere_replay
 
     s, _, weights, _ = _inputs()
@@ -73,7 +74,7 @@ def test_recorded_contributions_replay_the_traversal(D):
         trav = aggregate_sphere(*args, mu=mu, delta=delta, mode=mode)
         rep = aggregate_sphere_replay(rec, feats, mu, delta, mode)
         for a, b in zip(trav, rep):
-            if D in (8, 64):
+            if D in (8, 64, 128):
                 assert torch.equal(a, b), (mode, delta)
             else:
                 torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)

@@ -264,7 +264,7 @@ std::vector<at::Tensor> aggregate_impl(
   std::vector<std::vector<float>> th_w(n_threads), th_raw(n_threads), th_v(n_threads);
   std::vector<ThreadRecord> records(record ? n_threads : 0);
   const std::vector<PackedGaussian> packed = pack_gaussians(B * NB, xy, con, opac);
-  dispatch_channels(D, [&](auto ct) {
+  dispatch_feature_dims(D, [&](auto ct) {
     constexpr int CT = decltype(ct)::value;
     auto run = [&](auto kernel) {
       kernel(B, NB, H, W, D, TH, TW, tile_size, n_isects, packed.data(), pf, pw, m, offsets, fids, fdelta,
@@ -363,7 +363,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_replay_cpu(
   const auto lanes = lanes_.contiguous(), ws = ws_.contiguous(), masses = masses_.contiguous();
   const auto pixel_feats = pixel_feats_.contiguous(), mu = mu_.contiguous();
   std::vector<std::vector<float>> th_w(n_lists), th_raw(n_lists), th_v(n_lists);
-  dispatch_channels(D, [&](auto ct) {
+  dispatch_feature_dims(D, [&](auto ct) {
     constexpr int CT = decltype(ct)::value;
     auto run = [&](auto kernel) {
       kernel(n_lists, seg_off.data_ptr<int64_t>(), pair_off.data_ptr<int64_t>(), segs.data_ptr<int32_t>(),

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 namespace rh3dgs {
 
@@ -23,6 +24,14 @@ decltype(auto) dispatch_channels(int64_t C, Fn&& fn) {
     case 64: return fn(std::integral_constant<int, 64>{});
     default: return fn(std::integral_constant<int, 0>{});
   }
+}
+
+// The lift's feature dimensions (aggregate_sphere): the counts above and 128, the dimension of the
+// principal subspace a CLIP-sized teacher (D = 512) is lifted in (LiftConfig.subspace).
+template <typename Fn>
+decltype(auto) dispatch_feature_dims(int64_t D, Fn&& fn) {
+  if (D == 128) return fn(std::integral_constant<int, 128>{});
+  return dispatch_channels(D, std::forward<Fn>(fn));
 }
 
 }  // namespace rh3dgs
