@@ -75,9 +75,11 @@ TORCH_LIBRARY(rh3dgs, m) {
       "-> Tensor[]");
   // aggregate_sphere over recorded contributions instead of a traversal (same pixel_feats, any mu):
   // bit-identical to aggregate_sphere on the recorded views with the recording's thread count.
+  // active [num_gaussians] bool (optional): the contributions of Gaussians with active False are
+  // skipped (their sums are 0; the rest unchanged, bit for bit).
   m.def(
       "aggregate_sphere_replay(Tensor seg_offsets, Tensor pair_offsets, Tensor segments, Tensor lanes, "
-      "Tensor weights, Tensor masses, Tensor pixel_feats, Tensor mu, float delta, int mode) "
+      "Tensor weights, Tensor masses, Tensor pixel_feats, Tensor mu, float delta, int mode, Tensor? active=None) "
       "-> (Tensor, Tensor, Tensor)");
   // Relevancy of latent rows f [P, d] for folded queries pos [Q, d] against folded negatives
   // neg [J, d], with R [r, d] (R^T R = decoder^T decoder, so |decoder f| = |R f|):

@@ -263,13 +263,15 @@ class LiftViews:
                                       delta=delta, mode=mode), gids)
 
     def aggregate(self, mode: str, mu: Optional[Tensor] = None, delta: float = float("inf"),
-                  description: str = "lift", progress: bool = True) -> Tuple[Tensor, Tensor, Tensor]:
+                  description: str = "lift", progress: bool = True,
+                  active: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
         """One pass of ``aggregate_sphere`` (mode "init" or "irls" around ``mu`` with Huber ``delta``) over every
-        view: (acc_w [N], acc_v [N, D], acc_raw [N]). The "init" pass fills the caches."""
+        view: (acc_w [N], acc_v [N, D], acc_raw [N]). The "init" pass fills the caches. ``active`` [N] bool: only
+        those Gaussians' sums are needed (the others' are then whatever the path gives: replays skip them)."""
         sums = _Sums(self.N)
         for ci in track(range(len(self.chunks)), description=description, disable=not progress):
             if ci in self.recorded:
-                sums.add(aggregate_sphere_replay(self.recorded[ci], self.cached[ci][2], mu, delta, mode))
+                sums.add(aggregate_sphere_replay(self.recorded[ci], self.cached[ci][2], mu, delta, mode, active))
                 continue
             if ci in self.compacts:
                 views = self.compacts[ci]

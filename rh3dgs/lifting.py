@@ -17,6 +17,8 @@ The algorithm (:func:`lift`):
 3. **IRLS passes** (method "robust": Huber ``delta``; "karcher": delta = inf): each pass accumulates
    sum omega and sum omega Log_mu(z), omega = w min(1, delta / d(mu, z)), and steps
    mu <- Exp_mu(sum omega Log / sum omega), until the 99th percentile of the step angles is below ``tol``.
+   A Gaussian's step depends on its own mean only, so one whose step fell below ``tol`` stops there and
+   the later passes replay only the contributions of those still moving.
 4. **Filling**: Gaussians without a feature take their observed 3D neighbours'
    (:func:`rh3dgs.fill.fill_from_neighbours`).
 5. **Decoder**: uncentred weighted PCA of the features (:func:`pca_decoder`): latents and a linear decoder.
@@ -244,16 +246,18 @@ def lift(
     steps: List[float] = []
     if cfg.method != "euclidean":
         delta = cfg.delta if cfg.method == "robust" else math.inf
+        active = valid.clone()  # Gaussians still moving: each one's IRLS depends on its own mean only
         for it in range(cfg.iters):
-            acc_w, acc_v, _ = views.aggregate("irls", mu, delta, f"lift: IRLS pass {it + 1}", progress)
-            step = acc_v.div_(acc_w.clamp_min(1e-12)[:, None]).mul_(valid[:, None])  # in place: N x D floats each
+            acc_w, acc_v, _ = views.aggregate("irls", mu, delta, f"lift: IRLS pass {it + 1}", progress, active)
+            step = acc_v.div_(acc_w.clamp_min(1e-12)[:, None]).mul_(active[:, None])  # in place: N x D floats each
             del acc_v
-            norms = step.norm(dim=-1)[valid]
+            norms = step.norm(dim=-1)
             mu = sphere_exp_(mu, step).mul_(valid[:, None])
-            q_step = float(torch.quantile(norms[:1_000_000], cfg.tol_quantile)) if norms.numel() else 0.0
+            q_step = float(torch.quantile(norms[valid][:1_000_000], cfg.tol_quantile)) if bool(valid.any()) else 0.0
             steps.append(q_step)
             if q_step < cfg.tol:
                 break
+            active &= norms >= cfg.tol  # converged (step below tol): it stops here, the others go on
     view_info = views.release()  # before the PCA's N x D temporaries
     observed = valid
     filled = torch.zeros_like(valid)

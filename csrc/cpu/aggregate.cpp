@@ -321,7 +321,7 @@ std::vector<at::Tensor> aggregate_sphere_record_cpu(
 template <int CT, int MODE>
 void replay_lists(int64_t n_lists, const int64_t* so, const int64_t* po, const int32_t* segs, const uint8_t* lanes,
                   const float* ws, const float* masses, const float* pf, const float* m, int64_t D_rt, float fdelta,
-                  std::vector<std::vector<float>>& th_w, std::vector<std::vector<float>>& th_raw,
+                  const bool* active, std::vector<std::vector<float>>& th_w, std::vector<std::vector<float>>& th_raw,
                   std::vector<std::vector<float>>& th_v, int64_t NG) {
   const int64_t D = CT > 0 ? CT : D_rt;
   at::parallel_for(0, n_lists, 1, [&](int64_t t0, int64_t t1) {
@@ -335,8 +335,13 @@ void replay_lists(int64_t n_lists, const int64_t* so, const int64_t* po, const i
       for (int64_t s = so[t]; s < s_end; ++s) {
         // The segments visit Gaussians in traversal (pixel) order, so each one's mean and sums are a
         // random row of an N x D table: fetch those of a segment kPrefetch ahead while this one runs.
-        if (s + kPrefetch < s_end) prefetch_rows_of<MODE>(segs[3 * (s + kPrefetch)], m, th_v[t].data(), D);
+        if (s + kPrefetch < s_end && (!active || active[segs[3 * (s + kPrefetch)]]))
+          prefetch_rows_of<MODE>(segs[3 * (s + kPrefetch)], m, th_v[t].data(), D);
         const int64_t gi = segs[3 * s], pix0 = segs[3 * s + 1], n = segs[3 * s + 2];
+        if (active && !active[gi]) {  // a Gaussian whose mean no longer moves (the lift's converged ones)
+          p += n;
+          continue;
+        }
         const float* mi = m + gi * D;
         SegmentSums<CT> sums(scratch.data(), D);
         for (int64_t j = 0; j < n; ++j, ++p)
@@ -350,7 +355,7 @@ void replay_lists(int64_t n_lists, const int64_t* so, const int64_t* po, const i
 std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_replay_cpu(
     const at::Tensor& seg_off_, const at::Tensor& pair_off_, const at::Tensor& segs_, const at::Tensor& lanes_,
     const at::Tensor& ws_, const at::Tensor& masses_, const at::Tensor& pixel_feats_, const at::Tensor& mu_,
-    double delta, int64_t mode) {
+    double delta, int64_t mode, const c10::optional<at::Tensor>& active_) {
   TORCH_CHECK(mode == 0 || mode == 1, "mode must be 0 (init) or 1 (IRLS step)");
   TORCH_CHECK(seg_off_.scalar_type() == at::kLong && pair_off_.scalar_type() == at::kLong &&
               segs_.scalar_type() == at::kInt && lanes_.scalar_type() == at::kByte &&
@@ -362,13 +367,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_replay_cpu(
   const auto seg_off = seg_off_.contiguous(), pair_off = pair_off_.contiguous(), segs = segs_.contiguous();
   const auto lanes = lanes_.contiguous(), ws = ws_.contiguous(), masses = masses_.contiguous();
   const auto pixel_feats = pixel_feats_.contiguous(), mu = mu_.contiguous();
+  at::Tensor active;
+  if (active_.has_value()) {
+    TORCH_CHECK(active_->scalar_type() == at::kBool && active_->dim() == 1 && active_->size(0) == NG,
+                "active must be a bool [num_gaussians] mask");
+    active = active_->contiguous();
+  }
   std::vector<std::vector<float>> th_w(n_lists), th_raw(n_lists), th_v(n_lists);
   dispatch_feature_dims(D, [&](auto ct) {
     constexpr int CT = decltype(ct)::value;
     auto run = [&](auto kernel) {
       kernel(n_lists, seg_off.data_ptr<int64_t>(), pair_off.data_ptr<int64_t>(), segs.data_ptr<int32_t>(),
              lanes.data_ptr<uint8_t>(), ws.data_ptr<float>(), masses.data_ptr<float>(), pixel_feats.data_ptr<float>(),
-             mu.data_ptr<float>(), D, (float)delta, th_w, th_raw, th_v, NG);
+             mu.data_ptr<float>(), D, (float)delta, active.defined() ? active.data_ptr<bool>() : nullptr, th_w,
+             th_raw, th_v, NG);
     };
     if (mode == 0) run(replay_lists<CT, 0>); else run(replay_lists<CT, 1>);
   });

@@ -118,14 +118,19 @@ def aggregate_sphere(
 @torch.no_grad()
 def aggregate_sphere_replay(
     contributions: Contributions, pixel_feats: Tensor, mu: Optional[Tensor] = None, delta: float = float("inf"),
-    mode: str = "irls",
+    mode: str = "irls", active: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """:func:`aggregate_sphere` over recorded contributions (same views, same ``pixel_feats``), any ``mu``.
 
     Bit-identical to the traversal with the recording's thread count; no compositing is redone.
+    ``active`` [N] bool: skip the contributions of the Gaussians marked False (their sums are 0, the
+    others' unchanged): a pass costs what its active Gaussians contribute.
     """
     mu = _mode_and_mu(mode, mu, contributions.num_gaussians, pixel_feats)
+    if active is not None and tuple(active.shape) != (contributions.num_gaussians,):
+        raise ShapeError(f"active must be [N] = [{contributions.num_gaussians}], got {list(active.shape)}")
     c = contributions
     return native_ops().aggregate_sphere_replay(c.seg_offsets, c.pair_offsets, c.segments, c.lanes, c.weights,
                                                 c.masses, pixel_feats.float().contiguous(), mu.float().contiguous(),
-                                                float(delta), _MODES[mode])
+                                                float(delta), _MODES[mode],
+                                                None if active is None else active.bool().contiguous())
