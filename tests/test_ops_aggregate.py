@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from _scenes import random_projected
+from rh3dgs.errors import ShapeError
 from rh3dgs.ops import aggregate_sphere
 from rh3dgs.ops._ref import _ref_aggregate_sphere
 
@@ -78,6 +79,14 @@ def test_recorded_contributions_replay_the_traversal(D):
                 assert torch.equal(a, b), (mode, delta)
             else:
                 torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+    # active: the inactive Gaussians' sums are 0, the active ones' the same bits
+    active = torch.rand(70, generator=g) < 0.5
+    full = aggregate_sphere_replay(rec, feats, mu, 0.3, "irls")
+    part = aggregate_sphere_replay(rec, feats, mu, 0.3, "irls", active=active)
+    for a, b in zip(full, part):
+        assert torch.equal(a[active], b[active]) and not b[~active].any()
+    with pytest.raises(ShapeError):
+        aggregate_sphere_replay(rec, feats, mu, 0.3, "irls", active=active[:10])
     with pytest.raises(NotImplementedError):
         aggregate_sphere(*args, mu=mu, mode="irls", record=True)
 
