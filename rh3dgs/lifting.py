@@ -72,7 +72,8 @@ class LiftConfig:
     benchmark 3 passes leave a mean angle of ~1e-3 rad (99th percentile ~1e-2) to the
     converged robust mean; each pass costs about one render of the views with D channels."""
     tol: float = 1e-3
-    """Stop when the ``tol_quantile`` quantile of the per-Gaussian step angles (radians) is below this."""
+    """Stop when the ``tol_quantile`` quantile of the per-Gaussian step angles (radians) is below this; a
+    Gaussian whose own step is below it stops moving before that (the later passes skip it)."""
     tol_quantile: float = 0.99
     """Quantile of the step angles tested against ``tol`` (1.0 = the largest step). A few
     Gaussians seen by two disagreeing pixels converge slowly under Huber IRLS; they should
