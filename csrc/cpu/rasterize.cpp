@@ -206,6 +206,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
   const bool geo_all = CG == C;
   constexpr int kV = (CT > 0 && CT % 16 == 0) ? CT / 16 : 0;  // 16-float blocks of a compiled channel count
   const bool v16 = kV > 0 && geo_all;  // the vector path: all channels, in registers
+  // Compiled head + 16-float blocks (RGB + 16 / 32 latents) whose geometry channels are exactly the
+  // head: the head as channels_bwd<kHead>, the blocks' feature gradients in registers.
+  constexpr int kHead = CT > 0 ? CT % 16 : 0, kBlocks = CT > 0 ? CT / 16 : 0;
+  const bool split = CT > 0 && kHead > 0 && kBlocks > 0 && CG == kHead;
   const int64_t TH = isect_offsets.size(1), TW = isect_offsets.size(2);
   const int64_t n_isects = flatten_ids.numel();
   // Per-intersection gradient rows: [xy(2), conic(3), opacity(1), depth(1), features(C)].
@@ -303,8 +307,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
           const float dy = tg.y[k] - fy, mx0 = tg.x[k] - ((float)x0 + 0.5f);
           // d features of this pair's Gaussian: in registers for a compile-time multiple of 16
           vf16 gv[kV > 0 ? kV : 1] = {};
+          vf16 gb[kBlocks > 0 ? kBlocks : 1] = {};  // split: the blocks' feature gradients
           float* gf = rgf.data();
-          if (!v16) std::fill(gf, gf + C, 0.0f);
+          if (!v16) std::fill(gf, gf + (split ? kHead : C), 0.0f);
           float g0 = 0.0f, g1 = 0.0f, g2 = 0.0f, g3 = 0.0f, g4 = 0.0f, g5 = 0.0f, g6 = 0.0f;
           for (; mask; mask &= mask - 1) {
             const int64_t l = std::countr_zero(mask);
@@ -328,6 +333,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
               v_a = hsum16(acc);
             } else if (geo_all) {
               v_a = channels_bwd<CT>(gf, rprod.data(), buf, f, v_out, w, T, ra, C);
+            } else if (split) {
+              v_a = channels_bwd<kHead>(gf, rprod.data(), buf, f, v_out, w, T, ra, kHead);
+              for (int u = 0; u < kBlocks; ++u) gb[u] += w * load16(v_out + kHead + 16 * u);
             } else {  // the first CG channels as above; the others need only their feature gradient
               v_a = channels_bwd<0>(gf, rprod.data(), buf, f, v_out, w, T, ra, CG);
 #pragma omp simd
@@ -352,6 +360,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
           }
           if (v16) {
             for (int u = 0; u < kV; ++u) store16(grow + 7 + 16 * u, load16(grow + 7 + 16 * u) + gv[u]);
+          } else if (split) {
+            for (int c = 0; c < kHead; ++c) grow[7 + c] += gf[c];
+            float* gblk = grow + 7 + kHead;
+            for (int u = 0; u < kBlocks; ++u) store16(gblk + 16 * u, load16(gblk + 16 * u) + gb[u]);
           } else {
 #pragma omp simd
             for (int64_t c = 0; c < C; ++c) grow[7 + c] += gf[c];
