@@ -10,8 +10,9 @@ allows to keep (budget ``CACHE_BYTES``, ~2 GB):
 
 * **full** - every view's projection, weights and maps (when they fit). Where the ops layer has a
   recording kernel (CPU), the first pass also records the (pixel, Gaussian) contributions it visits
-  (``aggregate_sphere(record=True)``, ~13 bytes each, up to half the budget) and the later passes
-  replay them (``aggregate_sphere_replay``): the same sums, bit for bit, without compositing again;
+  (``aggregate_sphere(record=True)``, ~13 bytes each, up to half the budget; the first chunk that does not
+  fit ends the recording) and the later passes replay them (``aggregate_sphere_replay``): the same sums, bit
+  for bit, without compositing again;
 * **compact** (when the full cache does not fit and there are IRLS passes) - per view only the
   Gaussians that can matter: those that composite onto a pixel of weight > 0 (contributors), plus
   those that *end* such a pixel (alpha >= 1/255 where the transmittance would fall to 1e-4; found by a
@@ -181,6 +182,7 @@ class LiftViews:
         self.recorded: Dict[int, Contributions] = {}
         self.compacts: Dict[int, List[_CompactView]] = {}
         self.recorded_bytes = self.cached_bytes = 0
+        self.record_full = False  # a chunk's contributions did not fit the recording budget
         self.kept: List[int] = []
         self._raws: List[Tensor] = []  # the maps of the chunk just rendered, as given (for the compact cache)
         self._guide: Optional[Tensor] = None  # [b, H, W, 3] its rendered colours (guided upsampling; else None)
@@ -285,7 +287,7 @@ class LiftViews:
             if ci in self.compacts:  # aggregate from the compact views: the same per-view sums
                 del proj, w
                 self._add_compact(sums, self.compacts[ci], maps, mu, delta, mode)
-            elif self.plan.record and mode == "init" and self.recorded_bytes < CACHE_BYTES / 2:
+            elif self.plan.record and mode == "init" and not self.record_full:
                 *acc, contrib = aggregate_sphere(proj.means2d, proj.conics, proj.opacities, maps, w,
                                                  proj.isect_offsets, proj.flatten_ids, proj.tile_size, mode=mode,
                                                  record=True)
@@ -293,6 +295,8 @@ class LiftViews:
                 if self.recorded_bytes + contrib.nbytes() <= CACHE_BYTES / 2:
                     self.recorded[ci] = contrib
                     self.recorded_bytes += contrib.nbytes()
+                else:  # the chunks are alike: the later ones would not fit either, so stop recording them
+                    self.record_full = True
                 del proj, w, contrib
             else:
                 sums.add(aggregate_sphere(proj.means2d, proj.conics, proj.opacities, maps, w, proj.isect_offsets,

@@ -147,6 +147,32 @@ def test_compact_cache_is_exact(use_vcd):
     assert torch.equal(comp3.valid, full3.valid)
 
 
+def test_recording_stops_at_the_first_chunk_that_does_not_fit(monkeypatch):
+    """A budget for one chunk's contributions: the first chunk is recorded and replayed, the others are not
+    recorded at all (each would be recorded and thrown away) and run their traversal; the same lift."""
+    import rh3dgs.lift_views as lv
+    from rh3dgs.ops import aggregate_sphere as agg
+
+    gs, cams, maps = _dense_scene()
+    kw = dict(iters=2, latent_dim=0, views_per_batch=1, cache_projections=True)
+    ref = lift(gs, cams, maps, LiftConfig(**kw), progress=False)
+    recorded = []
+
+    def counting(*a, **k):
+        out = agg(*a, **k)
+        if k.get("record"):
+            recorded.append(out[-1].nbytes())
+        return out
+
+    monkeypatch.setattr(lv, "aggregate_sphere", counting)
+    lift(gs, cams, maps, LiftConfig(**kw), progress=False)
+    monkeypatch.setattr(lv, "CACHE_BYTES", 2 * max(recorded) + 1)  # half the budget: one chunk fits, not two
+    recorded.clear()
+    one = lift(gs, cams, maps, LiftConfig(**kw), progress=False)
+    assert one.info["recorded_chunks"] == 1 and len(recorded) == 2  # the second chunk did not fit: no more
+    assert torch.allclose(one.features, ref.features, atol=1e-6) and torch.allclose(one.weight, ref.weight)
+
+
 def test_guided_lift_is_the_lift_of_guided_maps():
     """LiftConfig(guided=True) on coarse maps = the plain lift of the maps upsampled by guided_upsample with
     each view's rendered colours; the compact cache keeps the guided maps (same sums as the full cache).
