@@ -204,12 +204,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
   // channels [0, CG) pass their gradient on to the geometry, [CG, C) only to their features
   const int64_t CG = geometry_channels < 0 ? C : std::min<int64_t>(geometry_channels, C);
   const bool geo_all = CG == C;
-  constexpr int kV = (CT > 0 && CT % 16 == 0) ? CT / 16 : 0;  // 16-float blocks of a compiled channel count
-  const bool v16 = kV > 0 && geo_all;  // the vector path: all channels, in registers
-  // Compiled head + 16-float blocks (RGB + 16 / 32 latents) whose geometry channels are exactly the
-  // head: the head as channels_bwd<kHead>, the blocks' feature gradients in registers.
+  // A compiled channel count is kHead scalar channels then kBlocks 16-float blocks (RGB + 16 latents: 3 + 1).
   constexpr int kHead = CT > 0 ? CT % 16 : 0, kBlocks = CT > 0 ? CT / 16 : 0;
-  const bool split = CT > 0 && kHead > 0 && kBlocks > 0 && CG == kHead;
+  // v16: whole blocks only, all shaping the geometry: every channel in registers. split: the geometry
+  // channels are exactly the head (channels_bwd<kHead>), the blocks need only their feature gradients
+  // (in registers). Either way the blocks' feature gradients are gb below.
+  const bool v16 = kHead == 0 && kBlocks > 0 && geo_all;
+  const bool split = kHead > 0 && kBlocks > 0 && CG == kHead;
   const int64_t TH = isect_offsets.size(1), TW = isect_offsets.size(2);
   const int64_t n_isects = flatten_ids.numel();
   // Per-intersection gradient rows: [xy(2), conic(3), opacity(1), depth(1), features(C)].
@@ -305,9 +306,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
 #pragma omp simd
           for (int64_t l = 0; l < L; ++l) rra[l] = 1.0f / (1.0f - ralpha[l]);  // vector divide, all lanes
           const float dy = tg.y[k] - fy, mx0 = tg.x[k] - ((float)x0 + 0.5f);
-          // d features of this pair's Gaussian: in registers for a compile-time multiple of 16
-          vf16 gv[kV > 0 ? kV : 1] = {};
-          vf16 gb[kBlocks > 0 ? kBlocks : 1] = {};  // split: the blocks' feature gradients
+          // d features of this pair's Gaussian: the blocks' in registers (v16, split), the rest in gf
+          vf16 gb[kBlocks > 0 ? kBlocks : 1] = {};
           float* gf = rgf.data();
           if (!v16) std::fill(gf, gf + (split ? kHead : C), 0.0f);
           float g0 = 0.0f, g1 = 0.0f, g2 = 0.0f, g3 = 0.0f, g4 = 0.0f, g5 = 0.0f, g6 = 0.0f;
@@ -324,9 +324,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
             float v_a;
             if (v16) {
               vf16 acc{};
-              for (int u = 0; u < kV; ++u) {
+              for (int u = 0; u < kBlocks; ++u) {
                 const vf16 vo = load16(v_out + 16 * u), fu = load16(f + 16 * u), bu = load16(buf + 16 * u);
-                gv[u] += w * vo;
+                gb[u] += w * vo;
                 acc += (fu * T - bu * ra) * vo;
                 store16(buf + 16 * u, bu + fu * w);
               }
@@ -358,10 +358,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
               g5 += vis * v_a;
             }
           }
-          if (v16) {
-            for (int u = 0; u < kV; ++u) store16(grow + 7 + 16 * u, load16(grow + 7 + 16 * u) + gv[u]);
-          } else if (split) {
-            for (int c = 0; c < kHead; ++c) grow[7 + c] += gf[c];
+          if (v16 || split) {
+            for (int c = 0; c < kHead; ++c) grow[7 + c] += gf[c];  // split's head (v16: kHead = 0)
             float* gblk = grow + 7 + kHead;
             for (int u = 0; u < kBlocks; ++u) store16(gblk + 16 * u, load16(gblk + 16 * u) + gb[u]);
           } else {
