@@ -21,6 +21,15 @@ TORCH_LIBRARY(rh3dgs, m) {
       "rasterize_fwd(Tensor means2d, Tensor conics, Tensor features, Tensor opacities, Tensor depths, "
       "Tensor? backgrounds, int width, int height, int tile_size, Tensor isect_offsets, Tensor flatten_ids) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // rasterize_fwd that also records every (Gaussian, pixel) contribution it composites, one list per
+  // tile (CPU kernel): its five outputs, then seg_offsets [tiles+1] int64 into segments [S,3] int32
+  // (Gaussian index in [0, N), first pixel's flat index into [B,H,W], count) and pair_offsets
+  // [tiles+1] int64 into lanes [P] uint8 (pixel = first + lane), weights [P] (alpha T) and masses [P]
+  // (alpha), for aggregate_sphere_replay.
+  m.def(
+      "rasterize_record(Tensor means2d, Tensor conics, Tensor features, Tensor opacities, Tensor depths, "
+      "Tensor? backgrounds, int width, int height, int tile_size, Tensor isect_offsets, Tensor flatten_ids) "
+      "-> Tensor[]");
   // Gradients w.r.t. means2d, conics, features, opacities, depths. Only the first geometry_channels
   // feature channels (-1: all) pass their gradient on to the geometry (means2d, conics, opacities,
   // depths); the others' gradients reach their features only (as if the geometry were detached for them).
@@ -64,23 +73,15 @@ TORCH_LIBRARY(rh3dgs, m) {
       "aggregate_sphere(Tensor means2d, Tensor conics, Tensor opacities, Tensor pixel_feats, "
       "Tensor pixel_weights, Tensor mu, float delta, int mode, int num_gaussians, int tile_size, "
       "Tensor isect_offsets, Tensor flatten_ids) -> (Tensor, Tensor, Tensor)");
-  // aggregate_sphere in mode 0 (init) that also records every contribution it visits, in the order
-  // each thread visits them (CPU kernel): returns acc_w, acc_v, acc_raw, then per thread list the
-  // offsets seg_offsets [T+1] int64 into segments [S,3] int32 (Gaussian, first pixel's flat index
-  // into [B,H,W], count) and pair_offsets [T+1] int64 into lanes [P] uint8 (pixel = first + lane),
-  // weights [P] (alpha T pixel_weight) and masses [P] (alpha pixel_weight).
-  m.def(
-      "aggregate_sphere_record(Tensor means2d, Tensor conics, Tensor opacities, Tensor pixel_feats, "
-      "Tensor pixel_weights, int num_gaussians, int tile_size, Tensor isect_offsets, Tensor flatten_ids) "
-      "-> Tensor[]");
-  // aggregate_sphere over recorded contributions instead of a traversal (same pixel_feats, any mu):
-  // bit-identical to aggregate_sphere on the recorded views with the recording's thread count.
+  // aggregate_sphere over contributions recorded by rasterize_record instead of a traversal (any
+  // pixel_feats [B,H,W,D] and pixel_weights [B,H,W] of the recorded views, any mu): bit-identical to
+  // aggregate_sphere on those views with as many threads.
   // active [num_gaussians] bool (optional): the contributions of Gaussians with active False are
   // skipped (their sums are 0; the rest unchanged, bit for bit).
   m.def(
       "aggregate_sphere_replay(Tensor seg_offsets, Tensor pair_offsets, Tensor segments, Tensor lanes, "
-      "Tensor weights, Tensor masses, Tensor pixel_feats, Tensor mu, float delta, int mode, Tensor? active=None) "
-      "-> (Tensor, Tensor, Tensor)");
+      "Tensor weights, Tensor masses, Tensor pixel_feats, Tensor pixel_weights, Tensor mu, float delta, int mode, "
+      "Tensor? active=None) -> (Tensor, Tensor, Tensor)");
   // Relevancy of latent rows f [P, d] for folded queries pos [Q, d] against folded negatives
   // neg [J, d], with R [r, d] (R^T R = decoder^T decoder, so |decoder f| = |R f|):
   //   rel[p, q] = sigmoid(tau (cos(q, f) - max_j cos(neg_j, f))), cos(x, f) = <x, f> / |R f|.

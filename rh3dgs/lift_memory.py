@@ -128,7 +128,7 @@ def lift_memory_estimate(n: int, views: int, height: int, width: int, dim: int, 
     will choose (``cache``) follows lifting.py's rules: full when ``cache_projections`` (None:
     when V N 40 + V H W 4 (1 + D) < 2 GB), else compact when ``compact_cache`` (None: when
     there are IRLS passes), else none; recorded contributions with the full cache on CPU
-    when there are IRLS passes and ``record_contributions`` is not False.
+    when ``record_contributions`` is not False.
     """
     import torch
 

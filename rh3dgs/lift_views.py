@@ -9,10 +9,11 @@ weights (:func:`rh3dgs.vcd.pixel_weights`); later passes re-use what the :func:`
 allows to keep (budget ``CACHE_BYTES``, ~2 GB):
 
 * **full** - every view's projection, weights and maps (when they fit). Where the ops layer has a
-  recording kernel (CPU), the first pass also records the (pixel, Gaussian) contributions it visits
-  (``aggregate_sphere(record=True)``, ~13 bytes each, up to half the budget; the first chunk that does not
-  fit ends the recording) and the later passes replay them (``aggregate_sphere_replay``): the same sums, bit
-  for bit, without compositing again;
+  recording kernel (CPU), the first pass's render also records the (pixel, Gaussian) contributions it
+  composites (``render(record=True)``, ~13 bytes each, up to half the budget; the first chunk that does
+  not fit ends the recording) and every pass, the first included, replays them with the pixel weights
+  and maps that render gave (``aggregate_sphere_replay``): the sums of a traversal, bit for bit, with
+  one compositing of each view in all;
 * **compact** (when the full cache does not fit and there are IRLS passes) - per view only the
   Gaussians that can matter: those that composite onto a pixel of weight > 0 (contributors), plus
   those that *end* such a pixel (alpha >= 1/255 where the transmittance would fall to 1e-4; found by a
@@ -68,7 +69,7 @@ def cache_plan(n: int, views: int, height: int, width: int, dim: int, cfg: Any,
     views per batch lowered so that views x Gaussians <= ``max_batch_gaussians``; full cache when
     ``cache_projections`` (None: when ~40 B per (view, Gaussian) + the upsampled maps and weights fit the
     budget); else compact when ``compact_cache`` (None: when there are IRLS passes); recording with the
-    full cache and IRLS passes where the ops layer has the recording kernel.
+    full cache where the ops layer has the recording kernel.
     """
     per_batch = max(1, min(int(cfg.views_per_batch), int(cfg.max_batch_gaussians) // max(n, 1)))
     if cfg.cache_projections is None:
@@ -77,8 +78,8 @@ def cache_plan(n: int, views: int, height: int, width: int, dim: int, cfg: Any,
         full = bool(cfg.cache_projections)
     irls = cfg.method != "euclidean" and int(cfg.iters) > 0
     compact = (not full) and (irls if cfg.compact_cache is None else bool(cfg.compact_cache))
-    record = (full and irls and cfg.record_contributions is not False
-              and has_native_kernel("aggregate_sphere_record", torch.device(device)))
+    record = (full and cfg.record_contributions is not False
+              and has_native_kernel("rasterize_record", torch.device(device)))
     return CachePlan(per_batch, "full" if full else ("compact" if compact else "none"), record)
 
 
@@ -219,8 +220,18 @@ class LiftViews:
             return self.cached[ci]
         cfg, idx = self.cfg, self.chunks[ci]
         self._raws.clear()
+        record = self.plan.record and not self.record_full
         with torch.no_grad():
-            r = render(self.gaussians, self.cameras[idx], self._ones, rgb=cfg.guided, tile_size=cfg.tile_size)
+            # the statistics come with any channels: the colours when they guide the maps, else one constant
+            r = render(self.gaussians, self.cameras[idx], None if cfg.guided else self._ones, rgb=cfg.guided,
+                       tile_size=cfg.tile_size, record=record)
+        if record:  # the passes replay what this render composited, if it fits
+            if self.recorded_bytes + r.contributions.nbytes() <= CACHE_BYTES / 2:
+                self.recorded[ci] = r.contributions
+                self.recorded_bytes += r.contributions.nbytes()
+            else:  # the chunks are alike: the later ones would not fit either, so stop recording them
+                self.record_full = True
+            r.contributions = None
         self._guide = r.rgb
         maps = self.get_maps(idx, self._raws, r.rgb)
         regions = (region_fraction(self._raws, (self.H, self.W)).to(self.dev)
@@ -272,32 +283,21 @@ class LiftViews:
         those Gaussians' sums are needed (the others' are then whatever the path gives: replays skip them)."""
         sums = _Sums(self.N)
         for ci in track(range(len(self.chunks)), description=description, disable=not progress):
-            if ci in self.recorded:
-                sums.add(aggregate_sphere_replay(self.recorded[ci], self.cached[ci][2], mu, delta, mode, active))
-                continue
             if ci in self.compacts:
                 views = self.compacts[ci]
                 guide = None if views[0].guide is None else torch.stack([v.guide for v in views])
                 self._add_compact(sums, views, None if all(v.maps is not None for v in views)
                                   else self.get_maps(self.chunks[ci], guide=guide), mu, delta, mode)
                 continue
-            proj, w, maps = self.view_chunk(ci)
+            proj, w, maps = self.view_chunk(ci)  # rendered (and recorded) by the first pass
+            if ci in self.recorded:
+                sums.add(aggregate_sphere_replay(self.recorded[ci], maps, w, mu, delta, mode, active))
+                continue
             if mode == "init" and self.plan.cache == "compact":
                 self._compact_chunk(ci, proj, w, maps)
             if ci in self.compacts:  # aggregate from the compact views: the same per-view sums
                 del proj, w
                 self._add_compact(sums, self.compacts[ci], maps, mu, delta, mode)
-            elif self.plan.record and mode == "init" and not self.record_full:
-                *acc, contrib = aggregate_sphere(proj.means2d, proj.conics, proj.opacities, maps, w,
-                                                 proj.isect_offsets, proj.flatten_ids, proj.tile_size, mode=mode,
-                                                 record=True)
-                sums.add(acc)
-                if self.recorded_bytes + contrib.nbytes() <= CACHE_BYTES / 2:
-                    self.recorded[ci] = contrib
-                    self.recorded_bytes += contrib.nbytes()
-                else:  # the chunks are alike: the later ones would not fit either, so stop recording them
-                    self.record_full = True
-                del proj, w, contrib
             else:
                 sums.add(aggregate_sphere(proj.means2d, proj.conics, proj.opacities, maps, w, proj.isect_offsets,
                                           proj.flatten_ids, proj.tile_size, mu=mu, delta=delta, mode=mode))

@@ -17,7 +17,7 @@ from torch import Tensor
 from .cameras import Cameras
 from .errors import ShapeError
 from .gaussians import Gaussians
-from .ops import isect_tiles, project_gaussians, rasterize_to_pixels, sh_colors
+from .ops import Contributions, isect_tiles, project_gaussians, rasterize_to_pixels, sh_colors
 
 __all__ = ["RenderResult", "render", "project", "FixedViews", "fixed_views"]
 
@@ -55,6 +55,7 @@ class RenderResult:
     radii:      [B, N] int pixel radii of the projected Gaussians (0 = not visible).
     visible:    [B, N] bool, radii > 0.
     projection: the :class:`Projection` (means2d, conics, binning) for re-use (lift, stats).
+    contributions: the composited (Gaussian, pixel) contributions (``render(record=True)``), else None.
     """
 
     rgb: Optional[Tensor]
@@ -67,6 +68,7 @@ class RenderResult:
     radii: Tensor
     visible: Tensor
     projection: Projection
+    contributions: Optional[Contributions] = None
 
 
 def project(
@@ -115,6 +117,7 @@ def render(
     eps2d: float = 0.3,
     projection: Optional[Projection] = None,
     features_shape_geometry: bool = True,
+    record: bool = False,
 ) -> RenderResult:
     """Render colours and/or per-Gaussian features with render statistics.
 
@@ -169,13 +172,14 @@ def render(
     out = rasterize_to_pixels(
         proj.means2d, proj.conics, stacked, proj.opacities, proj.depths, int(cameras.width), int(cameras.height),
         tile_size, proj.isect_offsets, proj.flatten_ids, backgrounds=bg if (background is not None or feature_background is not None) else None,
-        geometry_channels=None if features_shape_geometry or features is None else (3 if rgb else 0),
+        geometry_channels=None if features_shape_geometry or features is None else (3 if rgb else 0), record=record,
     )
     rgb_out = out.render[..., :3] if rgb else None
     feat_out = out.render[..., 3:] if (rgb and features is not None) else (out.render if features is not None else None)
     depth = out.d1 / (out.alpha + DEPTH_EPS)
     depth_var = (out.d2 / (out.alpha + DEPTH_EPS) - depth ** 2).clamp_min(0.0)
-    return RenderResult(rgb_out, feat_out, out.alpha, depth, depth_var, out.d1, out.d2, proj.radii, proj.radii > 0, proj)
+    return RenderResult(rgb_out, feat_out, out.alpha, depth, depth_var, out.d1, out.d2, proj.radii, proj.radii > 0, proj,
+                        out.contributions)
 
 
 class _Composite(torch.autograd.Function):
@@ -232,28 +236,22 @@ def fixed_views(gaussians: Gaussians, cameras: Cameras, tile_size: int = 16) -> 
     """:class:`FixedViews` of ``gaussians`` in ``cameras`` (geometry detached)."""
     from scipy.sparse import csr_matrix
 
-    from .ops import aggregate_sphere
-
     H, W = int(cameras.height), int(cameras.width)
     N = len(gaussians)
     g = Gaussians(gaussians.means.detach(), gaussians.scales.detach(), gaussians.quats.detach(),
                   gaussians.opacities.detach(), gaussians.sh0.detach(), gaussians.shN.detach())
     stats, mats, projs = [], [], []
+    cpu = g.device.type == "cpu"
     with torch.no_grad():
         for v in range(len(cameras)):
-            r = render(g, cameras[v], torch.ones(N, 1, device=g.device), rgb=False, tile_size=tile_size)
+            r = render(g, cameras[v], torch.ones(N, 1, device=g.device), rgb=False, tile_size=tile_size, record=cpu)
             stats.append((r.alpha, r.d1, r.d2))
-            p = r.projection
-            if g.device.type != "cpu":
-                projs.append(p)
+            if not cpu:
+                projs.append(r.projection)
                 continue
-            ones = torch.ones(1, H, W, 1)
-            *_, c = aggregate_sphere(p.means2d, p.conics, p.opacities, ones, ones[..., 0], p.isect_offsets,
-                                     p.flatten_ids, tile_size, mode="init", record=True)
-            counts = c.segments[:, 2].long()
-            cols = torch.repeat_interleave(c.segments[:, 0].long(), counts)
-            rows = torch.repeat_interleave(c.segments[:, 1].long(), counts) + c.lanes.long()  # pixel = first + lane
-            w = csr_matrix((c.weights.float().numpy(), (rows.numpy(), cols.numpy())), shape=(H * W, N))
+            c = r.contributions
+            w = csr_matrix((c.weights.float().numpy(), (c.pixels().numpy(), c.gaussian_ids().numpy())),
+                           shape=(H * W, N))
             mats.append((w, w.T.tocsr()))
     alpha, d1, d2 = (torch.cat([s[k] for s in stats]) for k in range(3))
     return FixedViews(gaussians, cameras, alpha, d1, d2, tile_size, mats or None, projs or None)

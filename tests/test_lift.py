@@ -130,7 +130,7 @@ def test_compact_cache_is_exact(use_vcd):
     comp = lift(gs, cams, maps, LiftConfig(views_per_batch=1, cache_projections=False, **kw), progress=False)
     assert full.info["cache"] == "full" and comp.info["cache"] == "compact"  # compact by default when not full
     assert comp.info["compact_views"] == len(cams)
-    # the full cache on CPU records the initial pass's contributions and the IRLS passes replay them:
+    # the full cache on CPU records the contributions its render composites and every pass replays them:
     # the very same sums
     rec = lift(gs, cams, maps, LiftConfig(views_per_batch=1, cache_projections=True, **kw), progress=False)
     assert rec.info["recorded_chunks"] == len(cams) and full.info["recorded_chunks"] == 0
@@ -148,10 +148,11 @@ def test_compact_cache_is_exact(use_vcd):
 
 
 def test_recording_stops_at_the_first_chunk_that_does_not_fit(monkeypatch):
-    """A budget for one chunk's contributions: the first chunk is recorded and replayed, the others are not
-    recorded at all (each would be recorded and thrown away) and run their traversal; the same lift."""
+    """A budget for one chunk's contributions: the first chunk is recorded and replayed, the second one's
+    recording is thrown away, the others are not recorded at all (each would be recorded and thrown away),
+    and both run their traversal; the same lift."""
     import rh3dgs.lift_views as lv
-    from rh3dgs.ops import aggregate_sphere as agg
+    from rh3dgs.rendering import render
 
     gs, cams, maps = _dense_scene()
     kw = dict(iters=2, latent_dim=0, views_per_batch=1, cache_projections=True)
@@ -159,12 +160,12 @@ def test_recording_stops_at_the_first_chunk_that_does_not_fit(monkeypatch):
     recorded = []
 
     def counting(*a, **k):
-        out = agg(*a, **k)
+        out = render(*a, **k)
         if k.get("record"):
-            recorded.append(out[-1].nbytes())
+            recorded.append(out.contributions.nbytes())
         return out
 
-    monkeypatch.setattr(lv, "aggregate_sphere", counting)
+    monkeypatch.setattr(lv, "render", counting)
     lift(gs, cams, maps, LiftConfig(**kw), progress=False)
     monkeypatch.setattr(lv, "CACHE_BYTES", 2 * max(recorded) + 1)  # half the budget: one chunk fits, not two
     recorded.clear()

@@ -51,29 +51,47 @@ def test_one_irls_step_moves_toward_the_data():
     assert t2[hit].norm(dim=-1).max() < 1e-3  # already at the mean: zero tangent step
 
 
+def _recorded(s, channels=1):
+    """The rasterizer's forward of the scene with recording, and the plain forward."""
+    from rh3dgs.ops import rasterize_to_pixels
+
+    feats = s["features"][..., :channels].contiguous()
+    args = (s["means2d"], s["conics"], feats, s["opacities"], s["depths"], s["width"], s["height"], s["tile_size"],
+            s["isect_offsets"], s["flatten_ids"])
+    return rasterize_to_pixels(*args, record=True), rasterize_to_pixels(*args)
+
+
 @pytest.mark.parametrize("D", [8, 12, 64, 128])
 def test_recorded_contributions_replay_the_traversal(D):
-    """record=True returns the same init sums; replaying the record with any mu equals a traversal
-    (bit-identical for the compiled channel counts 8, 64 and 128; float rounding for the generic kernel)."""
+    """A recording forward gives the plain forward's outputs bit for bit and one record per contribution;
+    replaying the record with any maps, pixel weights and mu equals a traversal (bit-identical for the
+    compiled channel counts 8, 64 and 128; float rounding for the generic kernel)."""
     from rh3dgs.ops import aggregate_sphere_replay
 
-    s, _, weights, _ = _inputs()
+    s = random_projected(2, 70, 3, 40, 31, seed=0)
+    out, plain = _recorded(s, channels=3)
+    for name in ("render", "alpha", "d1", "d2"):
+        assert torch.equal(getattr(out, name), getattr(plain, name)), name
+    rec = out.contributions
     g = torch.Generator().manual_seed(7)
     feats = torch.nn.functional.normalize(torch.randn(2, 31, 40, D, generator=g), dim=-1)
     mu = torch.nn.functional.normalize(torch.randn(70, D, generator=g), dim=-1)
+    weights = torch.rand(2, 31, 40, generator=g) * 2
+    weights[:, :3] = 0  # some pixels switched off
+    weights[0, 5, 7] = float("nan")  # ... and a NaN one: the traversal skips it
     args = (s["means2d"], s["conics"], s["opacities"], feats, weights, s["isect_offsets"], s["flatten_ids"],
             s["tile_size"])
-    *init, rec = aggregate_sphere(*args, mode="init", record=True)
-    for a, b in zip(init, aggregate_sphere(*args, mode="init")):
-        assert torch.equal(a, b)
-    # one record per contribution of the enumeration (weight > 0)
-    ref = _ref_aggregate_sphere(*args[:5], mu, math.inf, 0, s["tile_size"], s["isect_offsets"], s["flatten_ids"])
-    assert rec.weights.numel() > 1000 and (rec.weights > 0).all()
-    torch.testing.assert_close(torch.zeros(70).index_add_(0, _record_gaussians(rec), rec.weights), ref[0],
+    # one record per contribution of the enumeration; per pixel they sum to the forward's alpha
+    ref = _ref_aggregate_sphere(s["means2d"], s["conics"], s["opacities"], feats, torch.ones(2, 31, 40), mu,
+                                math.inf, 0, s["tile_size"], s["isect_offsets"], s["flatten_ids"])
+    assert rec.weights.numel() > 1000 and (rec.weights > 0).all() and (rec.masses >= rec.weights).all()
+    torch.testing.assert_close(torch.zeros(70).index_add_(0, rec.gaussian_ids(), rec.weights), ref[0],
                                atol=1e-4, rtol=0)
+    torch.testing.assert_close(torch.zeros(2 * 31 * 40).index_add_(0, rec.pixels(), rec.weights),
+                               out.alpha.flatten(), atol=1e-5, rtol=0)
     for mode, delta in (("init", math.inf), ("irls", math.inf), ("irls", 0.3)):
         trav = aggregate_sphere(*args, mu=mu, delta=delta, mode=mode)
-        rep = aggregate_sphere_replay(rec, feats, mu, delta, mode)
+        rep = aggregate_sphere_replay(rec, feats, weights, mu, delta, mode)
         for a, b in zip(trav, rep):
             if D in (8, 64, 128):
                 assert torch.equal(a, b), (mode, delta)
@@ -81,17 +99,27 @@ def test_recorded_contributions_replay_the_traversal(D):
                 torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
     # active: the inactive Gaussians' sums are 0, the active ones' the same bits
     active = torch.rand(70, generator=g) < 0.5
-    full = aggregate_sphere_replay(rec, feats, mu, 0.3, "irls")
-    part = aggregate_sphere_replay(rec, feats, mu, 0.3, "irls", active=active)
+    full = aggregate_sphere_replay(rec, feats, weights, mu, 0.3, "irls")
+    part = aggregate_sphere_replay(rec, feats, weights, mu, 0.3, "irls", active=active)
     for a, b in zip(full, part):
         assert torch.equal(a[active], b[active]) and not b[~active].any()
+    # the record is one list per tile: replayed with another thread count it sums as that many threads traverse
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            for a, b in zip(aggregate_sphere(*args, mu=mu, delta=0.3, mode="irls"),
+                            aggregate_sphere_replay(rec, feats, weights, mu, 0.3, "irls")):
+                assert torch.equal(a, b) if D in (8, 64, 128) else torch.allclose(a, b, atol=1e-6, rtol=1e-6), n
+    finally:
+        torch.set_num_threads(threads)
     with pytest.raises(ShapeError):
-        aggregate_sphere_replay(rec, feats, mu, 0.3, "irls", active=active[:10])
-    with pytest.raises(NotImplementedError):
-        aggregate_sphere(*args, mu=mu, mode="irls", record=True)
-
-
-def _record_gaussians(rec):
-    """Gaussian index of every recorded contribution."""
-    counts = rec.segments[:, 2].long()
-    return torch.repeat_interleave(rec.segments[:, 0].long(), counts)
+        aggregate_sphere_replay(rec, feats, weights, mu, 0.3, "irls", active=active[:10])
+    assert rec.image_shape == (2, 31, 40)
+    for f, w in ((feats, weights[:, :, :20]), (feats[:1], weights[:1]), (feats.transpose(1, 2), weights.transpose(1, 2))):
+        with pytest.raises(ShapeError, match="recorded on"):  # maps of another render than the recorded one
+            aggregate_sphere_replay(rec, f, w, mu, 0.3, "irls")
+    with pytest.raises(RuntimeError, match="larger render"):  # the op's own guard, called directly
+        torch.ops.rh3dgs.aggregate_sphere_replay(rec.seg_offsets, rec.pair_offsets, rec.segments, rec.lanes,
+                                                 rec.weights, rec.masses, feats[:1].contiguous(),
+                                                 weights[:1].contiguous(), mu, 0.3, 1, None)

@@ -29,6 +29,24 @@
 namespace rh3dgs {
 namespace {
 
+// The Huber-IRLS terms of one contribution of weight w whose unit feature has cosine cos_raw to the
+// current mean: the clamped cosine, the Huber weight omega = w min(1, delta / theta) and the tangent
+// scale omega theta / sin(theta). F = float (one contribution) or vfn (a block of them, the same bits
+// per lane: replay_irls_blocks).
+template <class F>
+inline void irls_terms(F cos_raw, F w, float fdelta, F& cosv, F& omega, F& scale) {
+  const F hi = cos_raw < 1.0f ? cos_raw : F{} + 1.0f;  // std::max(-1, std::min(1, cos_raw))
+  cosv = -1.0f < hi ? hi : F{} - 1.0f;
+  // |z| = |mu| = 1: sin(theta) = sqrt(1 - cos^2). Its rounding near theta = 0 only
+  // perturbs theta / sin(theta) = 1 + O(theta^2), so the tangent step stays accurate.
+  const F s2 = 1.0f - cosv * cosv;
+  const F sinv = sqrt_l(0.0f < s2 ? s2 : F{});  // std::max(0, s2)
+  const F theta = atan2_pos(sinv, cosv);
+  omega = theta > fdelta ? w * fdelta / theta : w;
+  // theta / sin(theta) -> 1 as theta -> 0 (at the antipode z - cos mu = 0 anyway)
+  scale = sinv > 1e-12f ? omega * theta / sinv : omega;
+}
+
 // Accumulators of one Gaussian over one row segment: raw weight, mean weight (w or omega) and
 // the D-vector (w z or omega Log_mu z). With a compile-time D that is a multiple of 16 the vector
 // lives in registers; otherwise in a scratch buffer.
@@ -47,8 +65,8 @@ struct SegmentSums {
   // this, so their sums are bit-identical.
   template <int MODE>
   inline void add(float w, float mass, const float* z, const float* mi, int64_t D, float fdelta, float* prod) {
-    raw += mass;
     if constexpr (MODE == 0) {
+      raw += mass;
       wsum += w;
       if constexpr (kV > 0) {
         for (int u = 0; u < kV; ++u) v16[u] += w * load16(z + 16 * u);
@@ -58,15 +76,15 @@ struct SegmentSums {
       }
       return;
     }
-    const float cosv = std::max(-1.0f, std::min(1.0f, dot<CT>(mi, z, prod, D)));
-    // |z| = |mu| = 1: sin(theta) = sqrt(1 - cos^2). Its rounding near theta = 0 only
-    // perturbs theta / sin(theta) = 1 + O(theta^2), so the tangent step stays accurate.
-    const float sinv = std::sqrt(std::max(0.0f, 1.0f - cosv * cosv));
-    const float theta = atan2_pos(sinv, cosv);
-    const float omega = (theta > fdelta) ? w * fdelta / theta : w;
+    float cosv, omega, scale;
+    irls_terms(dot<CT>(mi, z, prod, D), w, fdelta, cosv, omega, scale);
+    accumulate(mass, omega, scale, cosv, z, D);
+  }
+
+  // One IRLS contribution whose terms (irls_terms) are known: mass, omega, scale and cos.
+  inline void accumulate(float mass, float omega, float scale, float cosv, const float* z, int64_t D) {
+    raw += mass;
     wsum += omega;
-    // theta / sin(theta) -> 1 as theta -> 0 (at the antipode z - cos mu = 0 anyway)
-    const float scale = (sinv > 1e-12f) ? omega * theta / sinv : omega;
     // scale (z - cos mu): the mu part summed as a scalar, applied once per segment
     mu_coef += scale * cosv;
     if constexpr (kV > 0) {
@@ -100,14 +118,6 @@ struct SegmentSums {
   }
 };
 
-// Contributions recorded by one thread of an init pass, in its traversal order: per row segment
-// (gid, first pixel's flat index, count), per contribution the pixel's lane in the row, w and mass.
-struct ThreadRecord {
-  std::vector<int32_t> seg;
-  std::vector<uint8_t> lane;
-  std::vector<float> w, mass;
-};
-
 constexpr int64_t kPrefetch = 6;  // segments ahead
 
 // Starts loading the D-row gi of the means (MODE 1) and of the thread's sums (written next).
@@ -125,17 +135,12 @@ void aggregate_tiles(int64_t B, int64_t NB, int64_t H, int64_t W, int64_t D_rt, 
                      int64_t tile_size, int64_t n_isects, const PackedGaussian* pg, const float* pf, const float* pw,
                      const float* m, const int32_t* offsets, const int32_t* fids, float fdelta, int n_threads,
                      std::vector<std::vector<float>>& th_w, std::vector<std::vector<float>>& th_raw,
-                     std::vector<std::vector<float>>& th_v, int64_t NG, std::vector<ThreadRecord>* records) {
+                     std::vector<std::vector<float>>& th_v, int64_t NG) {
   const int64_t D = CT > 0 ? CT : D_rt;
   const int64_t n_work = B * TH * TW;
 #pragma omp parallel num_threads(n_threads)
   {
     const int tid = omp_get_thread_num();
-    ThreadRecord* rec = records ? &(*records)[tid] : nullptr;
-    if (rec) {  // ~3 contributions per intersection on dense scenes: avoid regrowing
-      const size_t guess = (size_t)(3 * n_isects / n_threads);
-      rec->lane.reserve(guess), rec->w.reserve(guess), rec->mass.reserve(guess), rec->seg.reserve(guess);
-    }
     std::vector<float>& acc_w = th_w[tid];
     std::vector<float>& acc_raw = th_raw[tid];
     std::vector<float>& acc_v = th_v[tid];
@@ -182,18 +187,11 @@ void aggregate_tiles(int64_t B, int64_t NB, int64_t H, int64_t W, int64_t D_rt, 
           const int64_t gi = lg[k];
           const float* mi = m + gi * D;
           SegmentSums<CT> sums(scratch.data(), D);
-          const size_t n_before = rec ? rec->w.size() : 0;
           pairs([&](int64_t l, float a, float T) {
+            // (alpha T) pixel_weight, as a replay of rasterize_record's alpha T forms it
             const float w = a * T * rpw[l], mass = a * rpw[l];
             sums.template add<MODE>(w, mass, zrow + l * D, mi, D, fdelta, prod.data());
-            if (rec) {
-              rec->lane.push_back((uint8_t)l);
-              rec->w.push_back(w);
-              rec->mass.push_back(mass);
-            }
           });
-          if (rec && rec->w.size() > n_before)
-            rec->seg.insert(rec->seg.end(), {(int32_t)gi, (int32_t)pix0, (int32_t)(rec->w.size() - n_before)});
           sums.template flush<MODE>(mi, D, gi, acc_w.data(), acc_raw.data(), acc_v.data());
         });
       }
@@ -220,11 +218,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sum_buffers(const std::vector<std
   return {out_w, out_v, out_raw};
 }
 
-std::vector<at::Tensor> aggregate_impl(
+std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_cpu(
     const at::Tensor& means2d_, const at::Tensor& conics_, const at::Tensor& opacities_,
     const at::Tensor& pixel_feats_, const at::Tensor& pixel_weights_, const at::Tensor& mu_, double delta,
     int64_t mode, int64_t num_gaussians, int64_t tile_size, const at::Tensor& isect_offsets_,
-    const at::Tensor& flatten_ids_, bool record) {
+    const at::Tensor& flatten_ids_) {
   TORCH_CHECK(means2d_.dim() == 3 && means2d_.size(2) == 2, "means2d must be [B,N,2]");
   const int64_t B = means2d_.size(0), NB = means2d_.size(1);
   TORCH_CHECK(pixel_feats_.dim() == 4 && pixel_feats_.size(0) == B, "pixel_feats must be [B,H,W,D]");
@@ -237,8 +235,6 @@ std::vector<at::Tensor> aggregate_impl(
   TORCH_CHECK(mu_.dim() == 2 && mu_.size(0) == num_gaussians && mu_.size(1) == D, "mu must be [num_gaussians, D]");
   TORCH_CHECK(isect_offsets_.scalar_type() == at::kInt && flatten_ids_.scalar_type() == at::kInt,
               "isect_offsets and flatten_ids must be int32");
-  TORCH_CHECK(!record || B * H * W < (int64_t)std::numeric_limits<int32_t>::max(),
-              "recording needs fewer than 2^31 pixels per call");
   for (const auto* t : {&means2d_, &conics_, &opacities_, &pixel_feats_, &pixel_weights_, &mu_}) {
     TORCH_CHECK(t->scalar_type() == at::kFloat, "aggregate_sphere expects float32 tensors");
   }
@@ -262,91 +258,135 @@ std::vector<at::Tensor> aggregate_impl(
 
   const int n_threads = std::max(1, at::get_num_threads());
   std::vector<std::vector<float>> th_w(n_threads), th_raw(n_threads), th_v(n_threads);
-  std::vector<ThreadRecord> records(record ? n_threads : 0);
   const std::vector<PackedGaussian> packed = pack_gaussians(B * NB, xy, con, opac);
   dispatch_feature_dims(D, [&](auto ct) {
     constexpr int CT = decltype(ct)::value;
     auto run = [&](auto kernel) {
       kernel(B, NB, H, W, D, TH, TW, tile_size, n_isects, packed.data(), pf, pw, m, offsets, fids, fdelta,
-             n_threads, th_w, th_raw, th_v, NG, record ? &records : nullptr);
+             n_threads, th_w, th_raw, th_v, NG);
     };
     if (mode == 0) run(aggregate_tiles<CT, 0>); else run(aggregate_tiles<CT, 1>);
   });
-  auto [out_w, out_v, out_raw] = sum_buffers(th_w, th_v, th_raw, NG, D, means2d.options());
-  if (!record) return {out_w, out_v, out_raw};
-  // one list per thread, concatenated: list offsets into the segments and into the contributions
-  int64_t n_seg = 0, n_pairs = 0;
-  auto seg_off = at::empty({n_threads + 1}, at::kLong), pair_off = at::empty({n_threads + 1}, at::kLong);
-  int64_t* so = seg_off.data_ptr<int64_t>();
-  int64_t* po = pair_off.data_ptr<int64_t>();
-  for (int t = 0; t < n_threads; ++t) {
-    so[t] = n_seg, po[t] = n_pairs;
-    n_seg += (int64_t)records[t].seg.size() / 3, n_pairs += (int64_t)records[t].w.size();
+  return sum_buffers(th_w, th_v, th_raw, NG, D, means2d.options());
+}
+
+// The replay of recorded contributions (rasterize_record: w = alpha T and alpha per contribution) with
+// the pass's pixel weights: contribution (w, alpha) of pixel u adds (w pw(u), alpha pw(u)) as the
+// traversal's does, and pixels of weight <= 0 (or NaN) contribute nothing, as the traversal closes them.
+struct Recorded {
+  const int32_t* segs;
+  const uint8_t* lanes;
+  const float *ws, *masses;
+};
+
+// The IRLS replay of one recorded list (segments [s, s_end), contributions from p on) in blocks of
+// kNativeLanes contributions: their cosines to their Gaussians' means first (independent dot products),
+// then their Huber terms as one vector (irls_terms<vfn>), then the sums in recorded order. One
+// contribution at a time, the dot product, square root, atan2 and two divisions form a latency chain of
+// ~60 cycles that the out-of-order window overlaps with little else; a block keeps the units busy. Same
+// per-contribution arithmetic and order as SegmentSums::add<1>: bit-identical sums.
+template <int CT>
+void replay_irls_blocks(int64_t s, int64_t s_end, int64_t p, const Recorded& r, const float* pf, const float* pw,
+                        const float* m, float fdelta, const bool* active, float* acc_w, float* acc_raw,
+                        float* acc_v) {
+  static_assert(CT > 0 && CT % 16 == 0, "blocks need a compiled feature dimension");
+  constexpr int64_t D = CT;
+  constexpr int kB = kNativeLanes;
+  alignas(64) float cb[kB], wb[kB], ob[kB], sb[kB], cvb[kB], mb[kB];
+  const float* zb[kB];  // nullptr: no contribution, only the end of a segment (its last pixel had weight 0)
+  const float* mub[kB];
+  int64_t gb[kB];
+  bool endb[kB];
+  SegmentSums<CT> sums(nullptr, D);
+  int64_t gi = 0, pix0 = 0, rem = 0;  // the open segment: Gaussian, first pixel, contributions left
+  bool taken = false;                 // ... and whether any of its contributions was taken
+  for (;;) {
+    int nb = 0;
+    while (nb < kB) {
+      if (rem == 0) {  // open the next segment of an active Gaussian
+        for (; s < s_end; ++s) {
+          if (s + kPrefetch < s_end && (!active || active[r.segs[3 * (s + kPrefetch)]]))
+            prefetch_rows_of<1>(r.segs[3 * (s + kPrefetch)], m, acc_v, D);
+          if (!active || active[r.segs[3 * s]]) break;
+          p += r.segs[3 * s + 2];  // a Gaussian whose mean no longer moves (the lift's converged ones)
+        }
+        if (s >= s_end) break;
+        gi = r.segs[3 * s], pix0 = r.segs[3 * s + 1], rem = r.segs[3 * s + 2], taken = false;
+        ++s;
+      }
+      for (; rem > 0 && nb < kB; --rem, ++p) {
+        const int64_t pix = pix0 + r.lanes[p];
+        const float wpix = pw[pix];
+        const bool take = wpix > 0.0f;
+        if (!take && !(rem == 1 && taken)) continue;
+        zb[nb] = take ? pf + pix * D : nullptr, mub[nb] = m + gi * D, gb[nb] = gi, endb[nb] = rem == 1;
+        wb[nb] = take ? r.ws[p] * wpix : 0.0f, mb[nb] = take ? r.masses[p] * wpix : 0.0f;
+        taken |= take;
+        ++nb;
+      }
+    }
+    if (nb == 0) return;
+    for (int j = 0; j < nb; ++j) cb[j] = zb[j] ? dot<CT>(mub[j], zb[j], nullptr, D) : 1.0f;
+    for (int j = nb; j < kB; ++j) cb[j] = 1.0f, wb[j] = 0.0f;
+    vfn cv, om, sc;
+    irls_terms(loadn(cb), loadn(wb), fdelta, cv, om, sc);
+    storen(cvb, cv), storen(ob, om), storen(sb, sc);
+    for (int j = 0; j < nb; ++j) {
+      if (zb[j]) sums.accumulate(mb[j], ob[j], sb[j], cvb[j], zb[j], D);
+      if (endb[j]) {
+        sums.template flush<1>(mub[j], D, gb[j], acc_w, acc_raw, acc_v);
+        sums = SegmentSums<CT>(nullptr, D);
+      }
+    }
   }
-  so[n_threads] = n_seg, po[n_threads] = n_pairs;
-  auto segs = at::empty({n_seg, 3}, at::kInt), lanes = at::empty({n_pairs}, at::kByte);
-  auto ws = at::empty({n_pairs}, at::kFloat), masses = at::empty({n_pairs}, at::kFloat);
-  for (int t = 0; t < n_threads; ++t) {
-    const ThreadRecord& r = records[t];
-    std::copy(r.seg.begin(), r.seg.end(), segs.data_ptr<int32_t>() + 3 * so[t]);
-    std::copy(r.lane.begin(), r.lane.end(), lanes.data_ptr<uint8_t>() + po[t]);
-    std::copy(r.w.begin(), r.w.end(), ws.data_ptr<float>() + po[t]);
-    std::copy(r.mass.begin(), r.mass.end(), masses.data_ptr<float>() + po[t]);
-  }
-  return {out_w, out_v, out_raw, seg_off, pair_off, segs, lanes, ws, masses};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_cpu(
-    const at::Tensor& means2d, const at::Tensor& conics, const at::Tensor& opacities, const at::Tensor& pixel_feats,
-    const at::Tensor& pixel_weights, const at::Tensor& mu, double delta, int64_t mode, int64_t num_gaussians,
-    int64_t tile_size, const at::Tensor& isect_offsets, const at::Tensor& flatten_ids) {
-  auto r = aggregate_impl(means2d, conics, opacities, pixel_feats, pixel_weights, mu, delta, mode, num_gaussians,
-                          tile_size, isect_offsets, flatten_ids, false);
-  return {r[0], r[1], r[2]};
-}
-
-std::vector<at::Tensor> aggregate_sphere_record_cpu(
-    const at::Tensor& means2d, const at::Tensor& conics, const at::Tensor& opacities, const at::Tensor& pixel_feats,
-    const at::Tensor& pixel_weights, int64_t num_gaussians, int64_t tile_size, const at::Tensor& isect_offsets,
-    const at::Tensor& flatten_ids) {
-  const auto mu = at::empty({num_gaussians, pixel_feats.size(-1)}, pixel_feats.options());  // init: never read
-  return aggregate_impl(means2d, conics, opacities, pixel_feats, pixel_weights, mu, 0.0, 0, num_gaussians,
-                        tile_size, isect_offsets, flatten_ids, true);
-}
-
-// Replays recorded lists: list t accumulates into buffer t and the buffers are summed in list
-// order, exactly as the recording pass's threads did, through the same per-contribution code
-// (SegmentSums::add), so the result is bit-identical to a traversal run with the recording
-// pass's thread count (whatever the thread count now).
+// Replays the recorded tile lists as aggregate_tiles' threads traverse the tiles: worker w of T takes
+// the tiles w, w + T, ... in order into buffer w, and the buffers are summed in worker order, through
+// the same per-contribution arithmetic (SegmentSums), so the result is bit-identical to a traversal
+// with T threads (T = the thread count now).
 template <int CT, int MODE>
-void replay_lists(int64_t n_lists, const int64_t* so, const int64_t* po, const int32_t* segs, const uint8_t* lanes,
-                  const float* ws, const float* masses, const float* pf, const float* m, int64_t D_rt, float fdelta,
-                  const bool* active, std::vector<std::vector<float>>& th_w, std::vector<std::vector<float>>& th_raw,
+void replay_lists(int64_t n_lists, const int64_t* so, const int64_t* po, const Recorded& r, const float* pf,
+                  const float* pw, const float* m, int64_t D_rt, float fdelta, const bool* active,
+                  std::vector<std::vector<float>>& th_w, std::vector<std::vector<float>>& th_raw,
                   std::vector<std::vector<float>>& th_v, int64_t NG) {
-  const int64_t D = CT > 0 ? CT : D_rt;
-  at::parallel_for(0, n_lists, 1, [&](int64_t t0, int64_t t1) {
+  const int64_t D = CT > 0 ? CT : D_rt, workers = (int64_t)th_w.size();
+  at::parallel_for(0, workers, 1, [&](int64_t w0, int64_t w1) {
     std::vector<float> scratch(D), prod(D);
-    for (int64_t t = t0; t < t1; ++t) {
-      th_w[t].assign(NG, 0.0f);
-      th_raw[t].assign(NG, 0.0f);
-      th_v[t].assign((size_t)NG * D, 0.0f);
+    for (int64_t wk = w0; wk < w1; ++wk) {
+      th_w[wk].assign(NG, 0.0f);
+      th_raw[wk].assign(NG, 0.0f);
+      th_v[wk].assign((size_t)NG * D, 0.0f);
+    }
+    for (int64_t wk = w0; wk < w1; ++wk) for (int64_t t = wk; t < n_lists; t += workers) {
       int64_t p = po[t];
       const int64_t s_end = so[t + 1];
+      float *acc_w = th_w[wk].data(), *acc_raw = th_raw[wk].data(), *acc_v = th_v[wk].data();
+      if constexpr (MODE == 1 && CT > 0 && CT % 16 == 0) {
+        replay_irls_blocks<CT>(so[t], s_end, p, r, pf, pw, m, fdelta, active, acc_w, acc_raw, acc_v);
+        continue;
+      }
       for (int64_t s = so[t]; s < s_end; ++s) {
         // The segments visit Gaussians in traversal (pixel) order, so each one's mean and sums are a
         // random row of an N x D table: fetch those of a segment kPrefetch ahead while this one runs.
-        if (s + kPrefetch < s_end && (!active || active[segs[3 * (s + kPrefetch)]]))
-          prefetch_rows_of<MODE>(segs[3 * (s + kPrefetch)], m, th_v[t].data(), D);
-        const int64_t gi = segs[3 * s], pix0 = segs[3 * s + 1], n = segs[3 * s + 2];
+        if (s + kPrefetch < s_end && (!active || active[r.segs[3 * (s + kPrefetch)]]))
+          prefetch_rows_of<MODE>(r.segs[3 * (s + kPrefetch)], m, acc_v, D);
+        const int64_t gi = r.segs[3 * s], pix0 = r.segs[3 * s + 1], n = r.segs[3 * s + 2];
         if (active && !active[gi]) {  // a Gaussian whose mean no longer moves (the lift's converged ones)
           p += n;
           continue;
         }
         const float* mi = m + gi * D;
         SegmentSums<CT> sums(scratch.data(), D);
-        for (int64_t j = 0; j < n; ++j, ++p)
-          sums.template add<MODE>(ws[p], masses[p], pf + (pix0 + lanes[p]) * D, mi, D, fdelta, prod.data());
-        sums.template flush<MODE>(mi, D, gi, th_w[t].data(), th_raw[t].data(), th_v[t].data());
+        bool taken = false;
+        for (int64_t j = 0; j < n; ++j, ++p) {
+          const int64_t pix = pix0 + r.lanes[p];
+          const float wpix = pw[pix];
+          if (!(wpix > 0.0f)) continue;
+          sums.template add<MODE>(r.ws[p] * wpix, r.masses[p] * wpix, pf + pix * D, mi, D, fdelta, prod.data());
+          taken = true;
+        }
+        if (taken) sums.template flush<MODE>(mi, D, gi, acc_w, acc_raw, acc_v);
       }
     }
   });
@@ -354,8 +394,9 @@ void replay_lists(int64_t n_lists, const int64_t* so, const int64_t* po, const i
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_replay_cpu(
     const at::Tensor& seg_off_, const at::Tensor& pair_off_, const at::Tensor& segs_, const at::Tensor& lanes_,
-    const at::Tensor& ws_, const at::Tensor& masses_, const at::Tensor& pixel_feats_, const at::Tensor& mu_,
-    double delta, int64_t mode, const c10::optional<at::Tensor>& active_) {
+    const at::Tensor& ws_, const at::Tensor& masses_, const at::Tensor& pixel_feats_,
+    const at::Tensor& pixel_weights_, const at::Tensor& mu_, double delta, int64_t mode,
+    const c10::optional<at::Tensor>& active_) {
   TORCH_CHECK(mode == 0 || mode == 1, "mode must be 0 (init) or 1 (IRLS step)");
   TORCH_CHECK(seg_off_.scalar_type() == at::kLong && pair_off_.scalar_type() == at::kLong &&
               segs_.scalar_type() == at::kInt && lanes_.scalar_type() == at::kByte &&
@@ -363,24 +404,33 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_replay_cpu(
               "recorded contributions have the wrong dtypes");
   TORCH_CHECK(pixel_feats_.dim() == 4 && pixel_feats_.scalar_type() == at::kFloat, "pixel_feats must be float [B,H,W,D]");
   const int64_t D = pixel_feats_.size(3), NG = mu_.size(0), n_lists = seg_off_.numel() - 1;
+  TORCH_CHECK(pixel_weights_.scalar_type() == at::kFloat &&
+                  pixel_weights_.sizes() == pixel_feats_.sizes().slice(0, 3),
+              "pixel_weights must be float [B,H,W] like pixel_feats");
+  TORCH_CHECK(segs_.dim() == 2 && segs_.size(1) == 3, "segments must be [S, 3]");
+  TORCH_CHECK(segs_.numel() == 0 || segs_.select(1, 1).max().item<int64_t>() < pixel_weights_.numel(),
+              "the recorded contributions are of a larger render than pixel_feats [B,H,W,D]");
   TORCH_CHECK(mu_.dim() == 2 && mu_.size(1) == D && mu_.scalar_type() == at::kFloat, "mu must be float [N, D]");
   const auto seg_off = seg_off_.contiguous(), pair_off = pair_off_.contiguous(), segs = segs_.contiguous();
   const auto lanes = lanes_.contiguous(), ws = ws_.contiguous(), masses = masses_.contiguous();
-  const auto pixel_feats = pixel_feats_.contiguous(), mu = mu_.contiguous();
+  const auto pixel_feats = pixel_feats_.contiguous(), pixel_weights = pixel_weights_.contiguous();
+  const auto mu = mu_.contiguous();
   at::Tensor active;
   if (active_.has_value()) {
     TORCH_CHECK(active_->scalar_type() == at::kBool && active_->dim() == 1 && active_->size(0) == NG,
                 "active must be a bool [num_gaussians] mask");
     active = active_->contiguous();
   }
-  std::vector<std::vector<float>> th_w(n_lists), th_raw(n_lists), th_v(n_lists);
+  const int64_t workers = std::max(1, at::get_num_threads());
+  std::vector<std::vector<float>> th_w(workers), th_raw(workers), th_v(workers);
   dispatch_feature_dims(D, [&](auto ct) {
     constexpr int CT = decltype(ct)::value;
+    const Recorded rec{segs.data_ptr<int32_t>(), lanes.data_ptr<uint8_t>(), ws.data_ptr<float>(),
+                       masses.data_ptr<float>()};
     auto run = [&](auto kernel) {
-      kernel(n_lists, seg_off.data_ptr<int64_t>(), pair_off.data_ptr<int64_t>(), segs.data_ptr<int32_t>(),
-             lanes.data_ptr<uint8_t>(), ws.data_ptr<float>(), masses.data_ptr<float>(), pixel_feats.data_ptr<float>(),
-             mu.data_ptr<float>(), D, (float)delta, active.defined() ? active.data_ptr<bool>() : nullptr, th_w,
-             th_raw, th_v, NG);
+      kernel(n_lists, seg_off.data_ptr<int64_t>(), pair_off.data_ptr<int64_t>(), rec, pixel_feats.data_ptr<float>(),
+             pixel_weights.data_ptr<float>(), mu.data_ptr<float>(), D, (float)delta,
+             active.defined() ? active.data_ptr<bool>() : nullptr, th_w, th_raw, th_v, NG);
     };
     if (mode == 0) run(replay_lists<CT, 0>); else run(replay_lists<CT, 1>);
   });
@@ -391,7 +441,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_replay_cpu(
 
 TORCH_LIBRARY_IMPL(rh3dgs, CPU, m) {
   m.impl("aggregate_sphere", &aggregate_sphere_cpu);
-  m.impl("aggregate_sphere_record", &aggregate_sphere_record_cpu);
   m.impl("aggregate_sphere_replay", &aggregate_sphere_replay_cpu);
 }
 

@@ -50,17 +50,32 @@ inline vfn exp_neg_v(vfn x) {
   return y * scale;
 }
 
+// Lane-wise helpers with the scalar and the native-vector forms side by side, so that one template
+// (atan2_pos, the lift's IRLS weights) gives the same bits per lane as the scalar code.
+inline float sqrt_l(float x) { return std::sqrt(x); }
+inline vfn sqrt_l(vfn x) { return sqrtn(x); }
+inline float fabs_l(float x) { return std::fabs(x); }
+inline vfn fabs_l(vfn x) {  // clears the sign bit, as std::fabs
+  vin b;
+  std::memcpy(&b, &x, sizeof(b));
+  b &= 0x7fffffff;
+  std::memcpy(&x, &b, sizeof(x));
+  return x;
+}
+
 // atan2(y, x) for y >= 0, in [0, pi]: reduction to [0, tan(pi/8)] and the Cephes atanf
-// polynomial (max abs error 3e-7 over the half circle).
-inline float atan2_pos(float y, float x) {
-  const float ax = std::fabs(x);
-  const float mn = std::min(y, ax), mx = std::max(y, ax);
-  const float t = mx > 0.0f ? mn / mx : 0.0f;  // [0, 1]
-  const bool big = t > 0.41421356237f;         // tan(pi/8)
-  const float tr = big ? (t - 1.0f) / (t + 1.0f) : t;
-  const float z = tr * tr;
-  const float p = ((8.05374449538e-2f * z - 1.38776856032e-1f) * z + 1.99777106478e-1f) * z - 3.33329491539e-1f;
-  float r = p * z * tr + tr + (big ? 0.78539816339f : 0.0f);
+// polynomial (max abs error 3e-7 over the half circle). F = float or vfn (the same operations
+// in the same order: the same bits per lane); min / max written out as std::min / std::max define them.
+template <class F>
+inline F atan2_pos(F y, F x) {
+  const F ax = fabs_l(x);
+  const F mn = ax < y ? ax : y, mx = y < ax ? ax : y;  // std::min(y, ax), std::max(y, ax)
+  const F t = mx > 0.0f ? mn / mx : F{};  // [0, 1]
+  const auto big = t > 0.41421356237f;          // tan(pi/8)
+  const F tr = big ? (t - 1.0f) / (t + 1.0f) : t;
+  const F z = tr * tr;
+  const F p = ((8.05374449538e-2f * z - 1.38776856032e-1f) * z + 1.99777106478e-1f) * z - 3.33329491539e-1f;
+  F r = p * z * tr + tr + (big ? F{} + 0.78539816339f : F{});
   r = y > ax ? 1.57079632679f - r : r;
   return x < 0.0f ? 3.14159265359f - r : r;
 }

@@ -20,6 +20,7 @@
 #include "../common.h"
 #include "dispatch.h"
 #include "huge_alloc.h"
+#include "record.h"
 #include "reduce.h"
 #include "vec16.h"
 #include "row_alpha.h"
@@ -58,12 +59,13 @@ void check_inputs(const at::Tensor& means2d, const at::Tensor& conics, const at:
   }
 }
 
-template <int CT>
+// REC: also record every (Gaussian, pixel) contribution, per tile (rasterize_record).
+template <int CT, bool REC = false>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize_fwd_impl(
     const at::Tensor& means2d_, const at::Tensor& conics_, const at::Tensor& features_,
     const at::Tensor& opacities_, const at::Tensor& depths_, const c10::optional<at::Tensor>& backgrounds_,
     int64_t width, int64_t height, int64_t tile_size, const at::Tensor& isect_offsets_,
-    const at::Tensor& flatten_ids_) {
+    const at::Tensor& flatten_ids_, std::vector<ThreadRecord>* records = nullptr) {
   const auto means2d = means2d_.contiguous(), conics = conics_.contiguous(), features = features_.contiguous();
   const auto opacities = opacities_.contiguous(), depths = depths_.contiguous();
   const auto isect_offsets = isect_offsets_.contiguous(), flatten_ids = flatten_ids_.contiguous();
@@ -102,6 +104,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
   const std::vector<PackedGaussian> packed = pack_gaussians(B * N, xy, con, opac);
 #pragma omp parallel num_threads(at::get_num_threads())
   {
+    ThreadRecord* rec = nullptr;
+    if constexpr (REC) {  // ~3.3 contributions per intersection on dense scenes: avoid regrowing
+      rec = &(*records)[omp_get_thread_num()];
+      rec->reserve((size_t)(4 * n_isects / omp_get_num_threads()));
+    }
     TileGaussians tg;  // the tile's Gaussians (structure of arrays)
     std::vector<float> lz;  // and their depths
     // Per-row state, one lane per pixel of the tile row (L lanes, lanes >= nx are padding).
@@ -110,8 +117,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
     RowAccum<(CT > 0 ? CT : 1)> acc(CT > 0 ? L : 0);  // compiled channel counts
     std::vector<int32_t> rlast(L), rlimit(L);  // rlimit: INT32_MAX while the pixel is open, else -1
     TileRows rows;
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t work = 0; work < n_work; ++work) {
+    auto tile = [&](int64_t work) {
+      if constexpr (REC) rec->begin_tile(work);
       const auto [b, y0, y1, x0, x1] = tile_rect(work, TH, TW, tile_size, height, width);
       int64_t start, end;
       tile_bounds(offsets, work, n_work, n_isects, start, end);
@@ -137,6 +144,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
                         const float* f = feat + (int64_t)fids[start + k] * C;
                         const int32_t id = (int32_t)(start + k);
                         const auto fr = decltype(acc)::load(CT > 0 ? f : feat);
+                        const size_t n_before = REC ? rec->w.size() : 0;
                         pairs([&](int64_t l, float a, float T) {
                           const float w = a * T;
                           if constexpr (CT > 0) acc.add(l, w, fr);
@@ -144,13 +152,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
                           rd1[l] += w * z;
                           rd2[l] += w * z * z;
                           rlast[l] = id;
+                          if constexpr (REC) {
+                            rec->lane.push_back((uint8_t)l);
+                            rec->w.push_back(w);
+                            rec->mass.push_back(a);
+                          }
                         });
+                        if constexpr (REC) rec->close_segment(n_before, fids[start + k] % N, (b * height + py) * width + x0);
                       });
         for (int64_t q = 0; q < nx; ++q) {
           const int64_t pix = (b * height + py) * width + x0 + q;
           float* o = out + pix * C;
           if constexpr (CT > 0) {
-            for (int c = 0; c < CT; ++c) o[c] = acc.get(q, c) + (bg ? rT[q] * bg[b * C + c] : 0.0f);
+            acc.store(q, o, bg ? bg + b * C : nullptr, rT[q]);
           } else {
             const float* ac = racc.data() + q * C;
             for (int64_t c = 0; c < C; ++c) o[c] = ac[c] + (bg ? rT[q] * bg[b * C + c] : 0.0f);
@@ -161,7 +175,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
           out_last[pix] = rlast[q];
         }
       }
-    }
+    };
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t work = 0; work < n_work; ++work) tile(work);
   }
   return {render, alpha, d1, d2, last_ids};
 }
@@ -412,6 +428,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
   });
 }
 
+// rasterize_fwd that also records every (Gaussian, pixel) contribution: its outputs, then one list per
+// tile (record.h) with w = alpha T and alpha per contribution.
+std::vector<at::Tensor> rasterize_record_cpu(const at::Tensor& means2d, const at::Tensor& conics,
+                                             const at::Tensor& features, const at::Tensor& opacities,
+                                             const at::Tensor& depths, const c10::optional<at::Tensor>& backgrounds,
+                                             int64_t width, int64_t height, int64_t tile_size,
+                                             const at::Tensor& isect_offsets, const at::Tensor& flatten_ids) {
+  check_inputs(means2d, conics, features, opacities, depths, backgrounds, isect_offsets, flatten_ids, tile_size);
+  TORCH_CHECK(means2d.size(0) * height * width < (int64_t)std::numeric_limits<int32_t>::max(),
+              "recording needs fewer than 2^31 pixels per call");
+  std::vector<ThreadRecord> records(std::max(1, at::get_num_threads()));
+  auto [render, alpha, d1, d2, last_ids] = dispatch_channels(features.size(2), [&](auto ct) {
+    return rasterize_fwd_impl<decltype(ct)::value, true>(means2d, conics, features, opacities, depths, backgrounds,
+                                                         width, height, tile_size, isect_offsets, flatten_ids,
+                                                         &records);
+  });
+  std::vector<at::Tensor> out{render, alpha, d1, d2, last_ids};
+  for (auto& t : records_to_tensors(records, isect_offsets.numel())) out.push_back(t);
+  return out;
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize_bwd_cpu(
     const at::Tensor& means2d, const at::Tensor& conics, const at::Tensor& features, const at::Tensor& opacities,
     const at::Tensor& depths, const c10::optional<at::Tensor>& backgrounds, int64_t width, int64_t height,
@@ -431,6 +468,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
 TORCH_LIBRARY_IMPL(rh3dgs, CPU, m) {
   m.impl("rasterize_fwd", &rasterize_fwd_cpu);
   m.impl("rasterize_bwd", &rasterize_bwd_cpu);
+  m.impl("rasterize_record", &rasterize_record_cpu);
 }
 
 }  // namespace rh3dgs

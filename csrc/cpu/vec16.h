@@ -133,8 +133,14 @@ struct RowAccum {
     vf16* v = vec.data() + l * kV;
     for (int u = 0; u < kV; ++u) v[u] += w * f.v[u];
   }
-  inline float get(int64_t l, int c) const {
-    return c < kR ? head[l * kR + c] : vec[l * kV + (c - kR) / 16][(c - kR) % 16];
+  // Pixel l's CT channels into out: acc + T bg (bg: CT floats, or nullptr for none: acc + 0), the
+  // blocks as vector stores (the channel-by-channel copy was a lane extraction per channel).
+  inline void store(int64_t l, float* __restrict out, const float* __restrict bg, float T) const {
+    for (int c = 0; c < kR; ++c) out[c] = head[l * kR + c] + (bg ? T * bg[c] : 0.0f);
+    for (int u = 0; u < kV; ++u) {
+      const vf16 b = bg ? T * load16(bg + kR + 16 * u) : vf16{};
+      store16(out + kR + 16 * u, vec[l * kV + u] + b);
+    }
   }
 };
 

@@ -1,8 +1,9 @@
 """Native ops of rh3dgs (one Python entry per op; backend chosen by device).
 
-* :func:`rasterize_to_pixels` - N-D feature compositing + render statistics (A, D1, D2).
-* :func:`aggregate_sphere` - per-Gaussian robust spherical mean accumulation (lift); on CPU it can
-  record its contributions for :func:`aggregate_sphere_replay`.
+* :func:`rasterize_to_pixels` - N-D feature compositing + render statistics (A, D1, D2); on CPU it
+  can record the contributions it composites for :func:`aggregate_sphere_replay`.
+* :func:`aggregate_sphere` - per-Gaussian robust spherical mean accumulation (lift); its passes over
+  recorded contributions: :func:`aggregate_sphere_replay`.
 * :func:`project_gaussians` - EWA projection into pinhole cameras (autograd).
 * :func:`sh_colors` - view-dependent colours from SH coefficients.
 * :func:`isect_tiles` - tile binning.
@@ -10,12 +11,12 @@
 * :func:`lic_infonce` - the LIC multi-positive InfoNCE per anchor (autograd).
 Pure-torch references live in :mod:`rh3dgs.ops._ref`.
 """
-from .aggregate import Contributions, aggregate_sphere, aggregate_sphere_replay
+from .aggregate import aggregate_sphere, aggregate_sphere_replay
 from .binning import isect_tiles
 from .lic import lic_infonce
 from .projection import project_gaussians
 from .sh import sh_colors
-from .rasterize import RasterOutput, rasterize_to_pixels
+from .rasterize import Contributions, RasterOutput, rasterize_to_pixels
 from .relevancy import relevancy
 
 __all__ = ["aggregate_sphere", "aggregate_sphere_replay", "Contributions", "isect_tiles", "project_gaussians", "sh_colors", "rasterize_to_pixels", "RasterOutput", "relevancy", "lic_infonce"]

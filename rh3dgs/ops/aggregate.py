@@ -6,47 +6,24 @@ with unit teacher feature z(u), accumulate (mode "init") sum w and sum w z, or (
 omega = w * min(1, delta / theta), sum omega, sum omega Log_mu(z). No (pixel, Gaussian)
 pair is stored; the reference :func:`rh3dgs.ops._ref._ref_aggregate_sphere` enumerates them.
 
-On CPU an "init" pass can also record the contributions it visits (``record=True``, about
-13 bytes per contribution); :func:`aggregate_sphere_replay` then runs further passes over
-them with another ``mu`` without re-compositing the views, bit-identical to a traversal
-(the lift does this when the recording fits its cache budget).
+On CPU, :func:`aggregate_sphere_replay` runs a pass over the contributions a forward
+rasterization recorded (``rasterize_to_pixels(record=True)``) instead of compositing the views
+again, bit-identical to the traversal (the lift does this when the recording fits its cache budget).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional, Tuple, Union
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from ..errors import ShapeError
 from ._backend import has_native_kernel, native_ops
+from .rasterize import Contributions
 
 __all__ = ["aggregate_sphere", "aggregate_sphere_replay", "Contributions"]
 
 _MODES = {"init": 0, "irls": 1}
-
-
-@dataclass
-class Contributions:
-    """The (pixel, Gaussian) contributions an "init" pass visited (CPU), per thread list in visiting order.
-
-    seg_offsets, pair_offsets: [T+1] int64 list offsets into ``segments`` and the per-pair arrays.
-    segments: [S, 3] int32 (Gaussian index, flat index into [B, H, W] of the segment's first pixel, count).
-    lanes: [P] uint8 pixel = first + lane; weights: [P] alpha T pixel_weight; masses: [P] alpha pixel_weight.
-    """
-
-    seg_offsets: Tensor
-    pair_offsets: Tensor
-    segments: Tensor
-    lanes: Tensor
-    weights: Tensor
-    masses: Tensor
-    num_gaussians: int
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.seg_offsets, self.pair_offsets, self.segments,
-                                                           self.lanes, self.weights, self.masses))
 
 
 def _mode_and_mu(mode: str, mu: Optional[Tensor], N: int, pixel_feats: Tensor) -> Tensor:
@@ -74,8 +51,7 @@ def aggregate_sphere(
     mu: Optional[Tensor] = None,
     delta: float = float("inf"),
     mode: str = "irls",
-    record: bool = False,
-) -> Union[Tuple[Tensor, Tensor, Tensor], Tuple[Tensor, Tensor, Tensor, Contributions]]:
+) -> Tuple[Tensor, Tensor, Tensor]:
     """Accumulate per-Gaussian spherical statistics over all pixels of B views.
 
     Args:
@@ -86,7 +62,6 @@ def aggregate_sphere(
         mu:    [N, D] current unit means (mode "irls"); ignored for "init".
         delta: Huber threshold in radians (inf = Karcher / least squares).
         mode:  "init" (weighted Euclidean sums) or "irls" (one Huber-IRLS step).
-        record: CPU, mode "init": also return the visited :class:`Contributions`.
 
     Returns:
         acc_w [N] (sum of omega, or of w for "init"), acc_v [N, D] (sum omega Log_mu(z),
@@ -100,14 +75,6 @@ def aggregate_sphere(
     mu = _mode_and_mu(mode, mu, N, pixel_feats)
     if means2d.is_cuda and not has_native_kernel("aggregate_sphere", means2d.device):
         raise NotImplementedError("aggregate_sphere on CUDA needs rh3dgs built with RH3DGS_BUILD_CUDA=1")
-    if record:
-        if mode != "init" or means2d.device.type != "cpu":
-            raise NotImplementedError("aggregate_sphere(record=True) is a CPU init pass")
-        r = native_ops().aggregate_sphere_record(
-            means2d.float().contiguous(), conics.float().contiguous(), opacities.float().contiguous(),
-            pixel_feats.float().contiguous(), pixel_weights.float().contiguous(), N, int(tile_size),
-            isect_offsets.int().contiguous(), flatten_ids.int().contiguous())
-        return r[0], r[1], r[2], Contributions(*r[3:], num_gaussians=N)
     return native_ops().aggregate_sphere(
         means2d.float().contiguous(), conics.float().contiguous(), opacities.float().contiguous(),
         pixel_feats.float().contiguous(), pixel_weights.float().contiguous(), mu.float().contiguous(),
@@ -117,20 +84,28 @@ def aggregate_sphere(
 
 @torch.no_grad()
 def aggregate_sphere_replay(
-    contributions: Contributions, pixel_feats: Tensor, mu: Optional[Tensor] = None, delta: float = float("inf"),
-    mode: str = "irls", active: Optional[Tensor] = None,
+    contributions: Contributions, pixel_feats: Tensor, pixel_weights: Tensor, mu: Optional[Tensor] = None,
+    delta: float = float("inf"), mode: str = "irls", active: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    """:func:`aggregate_sphere` over recorded contributions (same views, same ``pixel_feats``), any ``mu``.
+    """:func:`aggregate_sphere` over the contributions a forward of the same views recorded
+    (:func:`rh3dgs.ops.rasterize_to_pixels` with ``record=True``): any ``pixel_feats`` [B, H, W, D],
+    ``pixel_weights`` [B, H, W] and ``mu``.
 
-    Bit-identical to the traversal with the recording's thread count; no compositing is redone.
+    Bit-identical to the traversal with as many threads; no compositing is redone.
     ``active`` [N] bool: skip the contributions of the Gaussians marked False (their sums are 0, the
     others' unchanged): a pass costs what its active Gaussians contribute.
     """
     mu = _mode_and_mu(mode, mu, contributions.num_gaussians, pixel_feats)
     if active is not None and tuple(active.shape) != (contributions.num_gaussians,):
         raise ShapeError(f"active must be [N] = [{contributions.num_gaussians}], got {list(active.shape)}")
+    shape = tuple(contributions.image_shape)
+    if pixel_feats.dim() != 4 or tuple(pixel_feats.shape[:3]) != shape or tuple(pixel_weights.shape) != shape:
+        raise ShapeError(f"the contributions were recorded on [B, H, W] = {list(shape)} pixels: pixel_feats must be "
+                         f"[B, H, W, D] and pixel_weights [B, H, W], got {list(pixel_feats.shape)} and "
+                         f"{list(pixel_weights.shape)}")
     c = contributions
     return native_ops().aggregate_sphere_replay(c.seg_offsets, c.pair_offsets, c.segments, c.lanes, c.weights,
-                                                c.masses, pixel_feats.float().contiguous(), mu.float().contiguous(),
+                                                c.masses, pixel_feats.float().contiguous(),
+                                                pixel_weights.float().contiguous(), mu.float().contiguous(),
                                                 float(delta), _MODES[mode],
                                                 None if active is None else active.bool().contiguous())

@@ -9,11 +9,16 @@ Backends, chosen by the device of the inputs (callers never branch):
   * CUDA -> the same ops' CUDA kernels when the extension was built with CUDA
             (csrc/cuda/rasterize.cu), else gsplat's CUDA rasterizer with the depth
             moments composited as two extra channels.
+
+On CPU a forward can also record the (Gaussian, pixel) contributions it composites
+(``record=True``, ``torch.ops.rh3dgs.rasterize_record``, about 13 bytes each):
+:func:`rh3dgs.ops.aggregate_sphere_replay` then runs aggregation passes over those views with any
+pixel features and weights without compositing them again (the lift's passes).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -22,7 +27,40 @@ from ..errors import ShapeError
 from ._backend import has_native_kernel, native_ops
 from ._gsplat import rasterize_to_pixels_cuda
 
-__all__ = ["RasterOutput", "rasterize_to_pixels"]
+__all__ = ["Contributions", "RasterOutput", "rasterize_to_pixels"]
+
+
+@dataclass
+class Contributions:
+    """The (Gaussian, pixel) contributions a recording forward composited (CPU), one list per tile in
+    compositing order (rows, and in each row the Gaussians front to back).
+
+    seg_offsets, pair_offsets: [tiles+1] int64 list offsets into ``segments`` and the per-pair arrays.
+    segments: [S, 3] int32 (Gaussian index, flat index into [B, H, W] of the segment's first pixel, count).
+    lanes: [P] uint8 pixel = first + lane; weights: [P] w_i = alpha_i T_i; masses: [P] alpha_i.
+    num_gaussians: N; image_shape: (B, H, W) of the recorded render.
+    """
+
+    seg_offsets: Tensor
+    pair_offsets: Tensor
+    segments: Tensor
+    lanes: Tensor
+    weights: Tensor
+    masses: Tensor
+    num_gaussians: int
+    image_shape: Tuple[int, int, int]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.seg_offsets, self.pair_offsets, self.segments,
+                                                           self.lanes, self.weights, self.masses))
+
+    def gaussian_ids(self) -> Tensor:
+        """[P] int64: the Gaussian of every contribution."""
+        return torch.repeat_interleave(self.segments[:, 0].long(), self.segments[:, 2].long())
+
+    def pixels(self) -> Tensor:
+        """[P] int64: the flat index into [B, H, W] of every contribution's pixel (segment's first + lane)."""
+        return torch.repeat_interleave(self.segments[:, 1].long(), self.segments[:, 2].long()) + self.lanes.long()
 
 
 @dataclass
@@ -33,12 +71,14 @@ class RasterOutput:
     alpha:  [B, H, W] accumulated opacity A.
     d1:     [B, H, W] first depth moment  sum_i w_i z_i.
     d2:     [B, H, W] second depth moment sum_i w_i z_i^2.
+    contributions: what the forward composited (``record=True``), else None.
     """
 
     render: Tensor
     alpha: Tensor
     d1: Tensor
     d2: Tensor
+    contributions: Optional[Contributions] = None
 
 
 class _RasterizeNative(torch.autograd.Function):
@@ -111,6 +151,7 @@ def rasterize_to_pixels(
     flatten_ids: Tensor,
     backgrounds: Optional[Tensor] = None,
     geometry_channels: Optional[int] = None,
+    record: bool = False,
 ) -> RasterOutput:
     """Rasterize N-D features with render statistics.
 
@@ -128,10 +169,11 @@ def rasterize_to_pixels(
             backgrounds) only, as if composited with detached weights. None: all channels. The backward then
             skips those channels' share of the alpha gradient (RGB + latents in one pass where only RGB
             shapes the Gaussians). A, D1 and D2 keep their gradients.
+        record: CPU, no gradients: also return the composited :class:`Contributions` (the same outputs).
 
     Returns:
         :class:`RasterOutput`. Differentiable w.r.t. means2d, conics, features, opacities,
-        depths and backgrounds.
+        depths and backgrounds (not with ``record``).
     """
     if means2d.dim() != 3 or means2d.shape[-1] != 2:
         raise ShapeError(f"means2d must be [B, N, 2], got {list(means2d.shape)}")
@@ -146,6 +188,13 @@ def rasterize_to_pixels(
     cg = -1 if geometry_channels is None else int(geometry_channels)
     if geometry_channels is not None and cg < 0:
         raise ShapeError(f"geometry_channels must be >= 0 (or None: all), got {geometry_channels}")
+    if record:
+        if means2d.device.type != "cpu":
+            raise NotImplementedError("rasterize_to_pixels(record=True) is a CPU forward")
+        with torch.no_grad():
+            r = native_ops().rasterize_record(*args, bg, int(width), int(height), int(tile_size), offs, fids)
+        return RasterOutput(r[0], r[1], r[2], r[3], Contributions(*r[5:], num_gaussians=N,
+                                                                  image_shape=(B, int(height), int(width))))
     if means2d.is_cuda and not has_native_kernel("rasterize_fwd", means2d.device):
         return _rasterize_gsplat(*args, bg, width, height, tile_size, offs, fids, cg)
     render, alpha, d1, d2, _ = _RasterizeNative.apply(*args, bg, int(width), int(height), int(tile_size), offs, fids,
