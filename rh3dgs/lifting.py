@@ -71,9 +71,12 @@ class LiftConfig:
     """Maximum IRLS passes over all views after the initial Euclidean pass. On the synthetic
     benchmark 3 passes leave a mean angle of ~1e-3 rad (99th percentile ~1e-2) to the
     converged robust mean; each pass costs about one render of the views with D channels."""
-    tol: float = 1e-3
+    tol: float = 5e-3
     """Stop when the ``tol_quantile`` quantile of the per-Gaussian step angles (radians) is below this; a
-    Gaussian whose own step is below it stops moving before that (the later passes skip it)."""
+    Gaussian whose own step is below it stops moving before that (the later passes skip it). 5e-3
+    (0.3 degrees) against 1e-3 on the 20 development pairs: held-out mIoU / mBIoU / 3D mIoU within
+    0.16 points of each other per pair (means +0.00 / -0.00 / +0.01), the lift 12 % faster on the
+    benchmark scene (more Gaussians stop after the second and third passes)."""
     tol_quantile: float = 0.99
     """Quantile of the step angles tested against ``tol`` (1.0 = the largest step). A few
     Gaussians seen by two disagreeing pixels converge slowly under Huber IRLS; they should
@@ -135,9 +138,9 @@ class LiftConfig:
     or upsampled, whichever is smaller) within ~2 GB; exact (see the module doc). None: when there
     are IRLS passes (method robust / karcher, iters > 0); False: recompute every view in every pass."""
     record_contributions: Optional[bool] = None
-    """With the full cache on CPU: record the initial pass's (pixel, Gaussian) contributions (~13 bytes
-    each, up to ~1 GB) and replay them in the IRLS passes instead of compositing again (the same sums,
-    bit for bit). None: whenever possible; False: composite in every pass."""
+    """With the full cache on CPU: record the (pixel, Gaussian) contributions the views' render composites
+    (~13 bytes each, up to ~1 GB) and run every pass, the initial one included, over them instead of
+    compositing again (the same sums, bit for bit). None: whenever possible; False: composite in every pass."""
     teacher_footprint: Optional[float] = None
     """Pixels of the render each teacher-map cell describes, for VCD's footprint-purity term: None reads
     it off the maps (render size / map size, when the maps are coarser than the render: a patch-token
