@@ -30,7 +30,9 @@ memory) is its own.
     OMP_NUM_THREADS=1 python benchmarks/bench_nstrain.py   # on a CPU shared with other jobs
 
 Each image size gets its own synthetic dataset (the same scene and ~4k seed points, the
-``rh3dgs-lite`` preset's own cap) and one row per method.
+``rh3dgs-lite`` preset's own cap) and one row per method: ``ROUNDS`` interleaved runs of the two
+(this VM's speed drifts by ~20 % between runs a minute apart: four single-pair runs of one build gave
+1.16-1.47x at 256x256), the median of each timing and of the per-round ratios.
 
 On a 2-core machine where other processes hold the cores, torch's 2-thread parallel regions
 stall on a descheduled thread (wall and even CPU time per iteration grew 10-25x in such a
@@ -56,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import entry, machine, peak_rss_mb, run_isolated, write_results  # noqa: E402
 
 ITERS, WARMUP = 300, 10
+ROUNDS = 3  # interleaved (splatfacto, rh3dgs) pairs per image size
 VIEWS, SIZES, DENSITY = 12, (64, 256), 300.0  # ~4k seed points (the synthetic scene's Gaussian centres)
 LABELS = {
     "rh3dgs": "rh3dgs (rh3dgs-lite preset)",
@@ -66,6 +69,12 @@ LABELS = {
 
 def default_device() -> str:
     return os.environ.get("RH3DGS_BENCH_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _median_run(runs):
+    """One row from several runs of a method: the median of each timing, the rest of the first run."""
+    keys = ("mean_ms", "median_ms", "cpu_mean_ms", "min_ms", "max_ms")
+    return {**runs[0], **{k: statistics.median(r[k] for r in runs) for k in keys if k in runs[0]}}
 
 
 def default_sizes() -> Tuple[int, ...]:
@@ -238,14 +247,17 @@ def main(iters: int = ITERS, warmup: int = WARMUP, device: Optional[str] = None,
     for size in sizes:
         with tempfile.TemporaryDirectory(prefix="rh3dgs_bench_nstrain_data_") as tmp:
             data = make_data(Path(tmp) / "data", size=size)
-            runs = {m: run_isolated(__file__, ["--only", json.dumps({"method": m, "data": str(data), "iters": iters,
-                                                                        "warmup": warmup, "device": device})])
-                    for m in ("splatfacto", "rh3dgs")}
-        ours, base = runs["rh3dgs"], runs["splatfacto"]
-        per_size[size] = {"baseline": base, "rh3dgs": ours,
-                          "ratio_rh3dgs_to_splatfacto": ours["mean_ms"] / base["mean_ms"],
-                          "ratio_median": ours["median_ms"] / base["median_ms"],
-                          "ratio_cpu_time": ours["cpu_mean_ms"] / base["cpu_mean_ms"]}
+            # interleaved rounds (splatfacto, rh3dgs, splatfacto, rh3dgs, ...): this VM's speed drifts by ~20 %
+            # between runs a minute apart, which a single pair measured it in full
+            rounds = [{m: run_isolated(__file__, ["--only", json.dumps({"method": m, "data": str(data), "iters": iters,
+                                                                           "warmup": warmup, "device": device})])
+                       for m in ("splatfacto", "rh3dgs")} for _ in range(ROUNDS)]
+        ours, base = _median_run([r["rh3dgs"] for r in rounds]), _median_run([r["splatfacto"] for r in rounds])
+        ratio = lambda key: statistics.median(r["rh3dgs"][key] / r["splatfacto"][key] for r in rounds)  # noqa: E731
+        per_size[size] = {"baseline": base, "rh3dgs": ours, "rounds": rounds,
+                          "ratio_rh3dgs_to_splatfacto": ratio("mean_ms"), "ratio_median": ratio("median_ms"),
+                          "ratio_cpu_time": ratio("cpu_mean_ms"),
+                          "ratio_per_round": [r["rh3dgs"]["mean_ms"] / r["splatfacto"]["mean_ms"] for r in rounds]}
     payload = {"setting": {"views": VIEWS, "sizes": list(sizes), "iters": iters, "warmup": warmup, "device": device},
                "sizes": {str(k): v for k, v in per_size.items()}, "seconds": time.time() - t0, "machine": machine()}
     gpu = device == "cuda"
@@ -265,14 +277,17 @@ def main(iters: int = ITERS, warmup: int = WARMUP, device: Optional[str] = None,
         head, sep = head + " peak GPU alloc (MB) |", sep + "---|"
     rows = "\n".join(row(s_, r[m]) for s_, r in per_size.items() for m in ("baseline", "rh3dgs"))
     ratios = "\n".join(f"- {s_}x{s_}: **rh3dgs / splatfacto: {r['ratio_rh3dgs_to_splatfacto']:.2f}x** mean time per "
-                       f"iteration ({r['ratio_median']:.2f}x median, {r['ratio_cpu_time']:.2f}x CPU time)"
+                       f"iteration ({r['ratio_median']:.2f}x median, {r['ratio_cpu_time']:.2f}x CPU time); per round: "
+                       + ", ".join(f"{x:.2f}x" for x in r["ratio_per_round"])
                        for s_, r in per_size.items())
     first = next(iter(per_size.values()))
     ours, base = first["rh3dgs"], first["baseline"]
     md = (f"# ns-train: rh3dgs vs splatfacto iteration time ({device})\n\n"
           f"Synthetic scene, {VIEWS} views per image size, {iters} iterations of the rh3dgs-lite schedule "
           f"(densification steps 60-200, the default objective: no LIC), mean over iterations {warmup}..{iters - 1}; both methods "
-          f"trained in-process by nerfstudio's Trainer in this run, each in its own interpreter; "
+          f"trained in-process by nerfstudio's Trainer in this run, each in its own interpreter, {ROUNDS} interleaved "
+          "rounds (splatfacto, rh3dgs, ...): the rows give the median over the rounds, the ratios the median of the "
+          "per-round ratios; "
           f"torch threads: {ours['threads']}, CPUs: {machine()['cpu_count']}. Iteration = what nerfstudio's "
           "ITER_TRAIN_TIME covers (callbacks, forward, losses, metrics, backward, optimizer step, densification).\n\n"
           + (f"Baseline: {base['label']}. " if gpu else

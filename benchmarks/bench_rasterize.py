@@ -30,12 +30,12 @@ FWD_OPS, BWD_OPS = ALPHA_OPS + C + 6, ALPHA_OPS + 4 * C + 30
 
 
 def composited_pairs(p) -> int:
-    """(Gaussian, pixel) pairs the compositing traversal visits (exact: the aggregation op's record)."""
-    from rh3dgs.ops import aggregate_sphere
+    """(Gaussian, pixel) pairs the compositing traversal visits (exact: the recording forward's record)."""
+    from rh3dgs.ops import rasterize_to_pixels
 
-    ones = torch.ones(1, SIZE, SIZE, 1)
-    *_, rec = aggregate_sphere(p.means2d, p.conics, p.opacities, ones, ones[..., 0], p.isect_offsets, p.flatten_ids,
-                               p.tile_size, mode="init", record=True)
+    ones = torch.ones(*p.opacities.shape, 1)
+    rec = rasterize_to_pixels(p.means2d, p.conics, ones, p.opacities, p.depths, SIZE, SIZE, p.tile_size,
+                              p.isect_offsets, p.flatten_ids, record=True).contributions
     return int(rec.lanes.numel())
 
 

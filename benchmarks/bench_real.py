@@ -122,16 +122,14 @@ def orbit_cameras(g, up, width: int, height: int, views: int = VIEWS):
 
 def composited_per_pixel(proj, width: int, height: int) -> Dict[str, float]:
     """Exact (Gaussian, pixel) contributions of the compositing traversal, per pixel."""
-    from rh3dgs.ops import aggregate_sphere
+    from rh3dgs.ops import rasterize_to_pixels
 
-    ones = torch.ones(1, height, width, 1)
-    *_, rec = aggregate_sphere(proj.means2d, proj.conics, proj.opacities, ones, ones[..., 0], proj.isect_offsets,
-                               proj.flatten_ids, proj.tile_size, mode="init", record=True)
-    seg = rec.segments.long()
-    pix = torch.repeat_interleave(seg[:, 1], seg[:, 2]) + rec.lanes.long()
-    counts = torch.bincount(pix, minlength=width * height).float()
+    ones = torch.ones(*proj.opacities.shape, 1)
+    rec = rasterize_to_pixels(proj.means2d, proj.conics, ones, proj.opacities, proj.depths, width, height,
+                              proj.tile_size, proj.isect_offsets, proj.flatten_ids, record=True).contributions
+    counts = torch.bincount(rec.pixels(), minlength=width * height).float()
     return {"mean": float(counts.mean()), "p99": float(counts.quantile(0.99)), "max": float(counts.max()),
-            "row_segments_per_pixel": seg.shape[0] / (width * height)}
+            "row_segments_per_pixel": rec.segments.shape[0] / (width * height)}
 
 
 def _ms(fn) -> float:
