@@ -87,6 +87,13 @@ TORCH_LIBRARY(rh3dgs, m) {
   //   rel[p, q] = sigmoid(tau (cos(q, f) - max_j cos(neg_j, f))), cos(x, f) = <x, f> / |R f|.
   // Returns [P, Q]. CPU kernel; elsewhere rh3dgs.ops.relevancy runs its torch reference.
   m.def("relevancy(Tensor latents, Tensor pos, Tensor neg, Tensor norm_factor, float temperature) -> Tensor");
+  // Joint bilateral upsampling of a coarse map [h, w, D] to the guide image's [H, W] (guide [H, W, 3],
+  // cell_colors [h, w, 3] = the mean guide colour of each cell's footprint): each pixel takes the cells of
+  // the (2 radius + 1)^2 neighbourhood of its own cell, weighted by distance and colour match, normalised;
+  // 0 where the weights sum below min_support. Returns [H, W, D]. CPU kernel; elsewhere
+  // rh3dgs.ops.guided_upsample runs its torch reference.
+  m.def("guided_upsample(Tensor map, Tensor guide, Tensor cell_colors, float sigma_color, float sigma_space, "
+        "int radius, float min_support) -> Tensor");
   // LIC multi-positive InfoNCE over sampled anchors (rh3dgs.lic). features [N, d] (not normalised:
   // f = x / max(|x|, 1e-12) inside), anchors [A] int64, candidates [A, K] int64, kinds [A, K] uint8:
   // 0 = ignored (its candidate index is not read), 1 = negative, 2 = positive. With s = <f_a, f_j> / tau:

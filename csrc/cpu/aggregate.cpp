@@ -17,10 +17,13 @@
 #include <bit>
 #include <limits>
 #include <cmath>
+#include <cstring>
+#include <memory>
 #include <vector>
 
 #include "../common.h"
 #include "dispatch.h"
+#include "huge_alloc.h"
 #include "reduce.h"
 #include "row_alpha.h"
 #include "tile_rows.h"
@@ -118,6 +121,22 @@ struct SegmentSums {
   }
 };
 
+// One thread's sums of a pass: [N] weights, [N] raw weights and [N, D] vectors in one huge-page block
+// (HugePool keeps it for the next call: a lift aggregates once per view batch and pass, and a fresh
+// N x D block per thread and call paid a page fault per 4 KB, as much as replaying a late pass's few
+// active Gaussians).
+struct ThreadSums {
+  std::unique_ptr<float[], HugeDeleter> buf{nullptr, HugeDeleter{0}};
+  float *w = nullptr, *raw = nullptr, *v = nullptr;
+  void init(int64_t NG, int64_t D) {
+    const size_t n = (size_t)NG * (D + 2);
+    buf = huge_floats(n);
+    std::memset(buf.get(), 0, n * sizeof(float));
+    w = buf.get(), raw = w + NG, v = raw + NG;
+  }
+  bool used() const { return w != nullptr; }
+};
+
 constexpr int64_t kPrefetch = 6;  // segments ahead
 
 // Starts loading the D-row gi of the means (MODE 1) and of the thread's sums (written next).
@@ -134,19 +153,15 @@ template <int CT, int MODE>
 void aggregate_tiles(int64_t B, int64_t NB, int64_t H, int64_t W, int64_t D_rt, int64_t TH, int64_t TW,
                      int64_t tile_size, int64_t n_isects, const PackedGaussian* pg, const float* pf, const float* pw,
                      const float* m, const int32_t* offsets, const int32_t* fids, float fdelta, int n_threads,
-                     std::vector<std::vector<float>>& th_w, std::vector<std::vector<float>>& th_raw,
-                     std::vector<std::vector<float>>& th_v, int64_t NG) {
+                     std::vector<ThreadSums>& th, int64_t NG) {
   const int64_t D = CT > 0 ? CT : D_rt;
   const int64_t n_work = B * TH * TW;
 #pragma omp parallel num_threads(n_threads)
   {
     const int tid = omp_get_thread_num();
-    std::vector<float>& acc_w = th_w[tid];
-    std::vector<float>& acc_raw = th_raw[tid];
-    std::vector<float>& acc_v = th_v[tid];
-    acc_w.assign(NG, 0.0f);
-    acc_raw.assign(NG, 0.0f);
-    acc_v.assign((size_t)NG * D, 0.0f);
+    ThreadSums& sums_t = th[tid];
+    sums_t.init(NG, D);
+    float *acc_w = sums_t.w, *acc_raw = sums_t.raw, *acc_v = sums_t.v;
     TileGaussians tg;  // the tile's Gaussians (structure of arrays)
     std::vector<int64_t> lg;
     // per-row lanes (one per pixel of the tile row)
@@ -165,7 +180,7 @@ void aggregate_tiles(int64_t B, int64_t NB, int64_t H, int64_t W, int64_t D_rt, 
       lg.resize(K);
       for (int64_t k = 0; k < K; ++k) lg[k] = fids[start + k] % NB;  // flatten_ids index b * N + n
       // the tile's rows of the sums (and means) are random rows of N x D tables: start them all now
-      for (int64_t k = 0; k < K; ++k) prefetch_rows_of<MODE>(lg[k], m, acc_v.data(), D);
+      for (int64_t k = 0; k < K; ++k) prefetch_rows_of<MODE>(lg[k], m, acc_v, D);
       const int64_t nx = x1 - x0;
       rows.build(tg, y0, y1, x0, x1);
       for (int64_t py = y0; py < y1; ++py) {
@@ -192,27 +207,29 @@ void aggregate_tiles(int64_t B, int64_t NB, int64_t H, int64_t W, int64_t D_rt, 
             const float w = a * T * rpw[l], mass = a * rpw[l];
             sums.template add<MODE>(w, mass, zrow + l * D, mi, D, fdelta, prod.data());
           });
-          sums.template flush<MODE>(mi, D, gi, acc_w.data(), acc_raw.data(), acc_v.data());
+          sums.template flush<MODE>(mi, D, gi, acc_w, acc_raw, acc_v);
         });
       }
     }
   }
 }
 
-// Sums the per-thread (or per-list) buffers in order (deterministic), in parallel over Gaussians.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> sum_buffers(const std::vector<std::vector<float>>& th_w,
-                                                           const std::vector<std::vector<float>>& th_v,
-                                                           const std::vector<std::vector<float>>& th_raw,
-                                                           int64_t NG, int64_t D, const at::TensorOptions& fopt) {
-  auto out_w = at::zeros({NG}, fopt), out_v = at::zeros({NG, D}, fopt), out_raw = at::zeros({NG}, fopt);
+// Sums the per-thread buffers in thread order (deterministic: 0 + th[0] + th[1] + ...), in parallel over
+// Gaussians, into fresh huge-page tensors (at::zeros paged in a new N x D block on every call).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sum_buffers(const std::vector<ThreadSums>& th, int64_t NG, int64_t D,
+                                                           const at::TensorOptions& fopt) {
+  auto out_w = empty_huge({NG}, fopt), out_v = empty_huge({NG, D}, fopt), out_raw = empty_huge({NG}, fopt);
   float* ow = out_w.data_ptr<float>();
   float* ov = out_v.data_ptr<float>();
   float* oraw = out_raw.data_ptr<float>();
   at::parallel_for(0, NG, 1024, [&](int64_t g0, int64_t g1) {
-    for (size_t t = 0; t < th_w.size(); ++t) {
-      if (th_w[t].empty()) continue;  // a thread OpenMP did not start
-      for (int64_t g = g0; g < g1; ++g) { ow[g] += th_w[t][g]; oraw[g] += th_raw[t][g]; }
-      for (int64_t k = g0 * D; k < g1 * D; ++k) ov[k] += th_v[t][k];
+    std::fill(ow + g0, ow + g1, 0.0f);
+    std::fill(oraw + g0, oraw + g1, 0.0f);
+    std::fill(ov + g0 * D, ov + g1 * D, 0.0f);
+    for (const ThreadSums& t : th) {
+      if (!t.used()) continue;  // a thread OpenMP did not start
+      for (int64_t g = g0; g < g1; ++g) { ow[g] += t.w[g]; oraw[g] += t.raw[g]; }
+      for (int64_t k = g0 * D; k < g1 * D; ++k) ov[k] += t.v[k];
     }
   });
   return {out_w, out_v, out_raw};
@@ -257,17 +274,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_cpu(
   const float fdelta = (float)delta;
 
   const int n_threads = std::max(1, at::get_num_threads());
-  std::vector<std::vector<float>> th_w(n_threads), th_raw(n_threads), th_v(n_threads);
+  std::vector<ThreadSums> th(n_threads);
   const std::vector<PackedGaussian> packed = pack_gaussians(B * NB, xy, con, opac);
   dispatch_feature_dims(D, [&](auto ct) {
     constexpr int CT = decltype(ct)::value;
     auto run = [&](auto kernel) {
       kernel(B, NB, H, W, D, TH, TW, tile_size, n_isects, packed.data(), pf, pw, m, offsets, fids, fdelta,
-             n_threads, th_w, th_raw, th_v, NG);
+             n_threads, th, NG);
     };
     if (mode == 0) run(aggregate_tiles<CT, 0>); else run(aggregate_tiles<CT, 1>);
   });
-  return sum_buffers(th_w, th_v, th_raw, NG, D, means2d.options());
+  return sum_buffers(th, NG, D, means2d.options());
 }
 
 // The replay of recorded contributions (rasterize_record: w = alpha T and alpha per contribution) with
@@ -348,20 +365,15 @@ void replay_irls_blocks(int64_t s, int64_t s_end, int64_t p, const Recorded& r, 
 template <int CT, int MODE>
 void replay_lists(int64_t n_lists, const int64_t* so, const int64_t* po, const Recorded& r, const float* pf,
                   const float* pw, const float* m, int64_t D_rt, float fdelta, const bool* active,
-                  std::vector<std::vector<float>>& th_w, std::vector<std::vector<float>>& th_raw,
-                  std::vector<std::vector<float>>& th_v, int64_t NG) {
-  const int64_t D = CT > 0 ? CT : D_rt, workers = (int64_t)th_w.size();
+                  std::vector<ThreadSums>& th, int64_t NG) {
+  const int64_t D = CT > 0 ? CT : D_rt, workers = (int64_t)th.size();
   at::parallel_for(0, workers, 1, [&](int64_t w0, int64_t w1) {
     std::vector<float> scratch(D), prod(D);
-    for (int64_t wk = w0; wk < w1; ++wk) {
-      th_w[wk].assign(NG, 0.0f);
-      th_raw[wk].assign(NG, 0.0f);
-      th_v[wk].assign((size_t)NG * D, 0.0f);
-    }
+    for (int64_t wk = w0; wk < w1; ++wk) th[wk].init(NG, D);
     for (int64_t wk = w0; wk < w1; ++wk) for (int64_t t = wk; t < n_lists; t += workers) {
       int64_t p = po[t];
       const int64_t s_end = so[t + 1];
-      float *acc_w = th_w[wk].data(), *acc_raw = th_raw[wk].data(), *acc_v = th_v[wk].data();
+      float *acc_w = th[wk].w, *acc_raw = th[wk].raw, *acc_v = th[wk].v;
       if constexpr (MODE == 1 && CT > 0 && CT % 16 == 0) {
         replay_irls_blocks<CT>(so[t], s_end, p, r, pf, pw, m, fdelta, active, acc_w, acc_raw, acc_v);
         continue;
@@ -422,7 +434,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_replay_cpu(
     active = active_->contiguous();
   }
   const int64_t workers = std::max(1, at::get_num_threads());
-  std::vector<std::vector<float>> th_w(workers), th_raw(workers), th_v(workers);
+  std::vector<ThreadSums> th(workers);
   dispatch_feature_dims(D, [&](auto ct) {
     constexpr int CT = decltype(ct)::value;
     const Recorded rec{segs.data_ptr<int32_t>(), lanes.data_ptr<uint8_t>(), ws.data_ptr<float>(),
@@ -430,11 +442,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_replay_cpu(
     auto run = [&](auto kernel) {
       kernel(n_lists, seg_off.data_ptr<int64_t>(), pair_off.data_ptr<int64_t>(), rec, pixel_feats.data_ptr<float>(),
              pixel_weights.data_ptr<float>(), mu.data_ptr<float>(), D, (float)delta,
-             active.defined() ? active.data_ptr<bool>() : nullptr, th_w, th_raw, th_v, NG);
+             active.defined() ? active.data_ptr<bool>() : nullptr, th, NG);
     };
     if (mode == 0) run(replay_lists<CT, 0>); else run(replay_lists<CT, 1>);
   });
-  return sum_buffers(th_w, th_v, th_raw, NG, D, pixel_feats.options());
+  return sum_buffers(th, NG, D, pixel_feats.options());
 }
 
 }  // namespace

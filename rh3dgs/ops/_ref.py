@@ -16,7 +16,7 @@ ALPHA_MAX = 0.999
 T_MIN = 1e-4
 
 __all__ = ["_ref_project_gaussians", "_ref_sh_colors", "_ref_rasterize_to_pixels", "_ref_aggregate_sphere", "_ref_tile_contributions", "_ref_isect_tiles",
-           "_ref_relevancy", "_ref_lic_infonce"]
+           "_ref_relevancy", "_ref_lic_infonce", "_ref_guided_upsample"]
 
 
 @torch.no_grad()
@@ -218,3 +218,73 @@ def _ref_aggregate_sphere(
         scale = torch.where(sinv > 1e-12, omega * theta / sinv.clamp_min(1e-30), omega)
         acc_v.index_add_(0, g, scale[:, None] * resid)
     return acc_w.float(), acc_v.float(), acc_raw.float()
+
+
+def _cell_colors(guide: Tensor, h: int, w: int) -> Tensor:
+    """Mean colour of each cell's footprint ``[h, w, 3]`` of a guide ``[H, W, 3]`` split into h x w cells
+    (adaptive average pooling: the cells of :func:`rh3dgs.teachers.maps.guided_upsample`)."""
+    return torch.nn.functional.adaptive_avg_pool2d(guide.permute(2, 0, 1)[None], (h, w))[0].permute(1, 2, 0)
+
+
+@torch.no_grad()
+def _ref_guided_upsample(m: Tensor, guide: Tensor, gbar: Tensor, sigma_color: float, sigma_space: float,
+                         radius: int, min_support: float) -> Tensor:
+    """Reference of ``guided_upsample`` (the formula of :func:`rh3dgs.teachers.maps.guided_upsample`):
+    m [h, w, D] float, guide [H, W, 3] float, gbar [h, w, 3] = :func:`_cell_colors` -> [H, W, D].
+    The pixels of one cell share its neighbour cells, so each cell is one small matrix product."""
+    F = torch.nn.functional
+    h, w, D = m.shape
+    H, W = int(guide.shape[0]), int(guide.shape[1])
+    dev, r, k = m.device, int(radius), 2 * int(radius) + 1
+    # each pixel's position in cell units and its own cell
+    py = (torch.arange(H, device=dev, dtype=torch.float32) + 0.5) * h / H - 0.5
+    px = (torch.arange(W, device=dev, dtype=torch.float32) + 0.5) * w / W - 0.5
+    cy, cx = py.round().long().clamp(0, h - 1), px.round().long().clamp(0, w - 1)  # non-decreasing
+    # The pixels of one cell share its (2r+1)^2 neighbour cells, so each cell's pixels are one small
+    # matrix product [pixels, k*k] @ [k*k, D]. A cell's pixels: rows ys[i] x columns xs[j], padded to the
+    # largest cell (ry x rx; pad entries repeat the last pixel and are dropped in the end).
+    ys, y_ok = _cell_pixels(cy, h)  # [h, ry]
+    xs, x_ok = _cell_pixels(cx, w)  # [w, rx]
+    ry, rx = ys.shape[1], xs.shape[1]
+    # neighbour cells q = (i + dy, j + dx) of cell (i, j), zero-padded: features, has-feature, mean colour
+    pad = lambda t: F.pad(t.permute(2, 0, 1)[None], (r, r, r, r))  # noqa: E731  [1, C, h+2r, w+2r]
+    nb = F.unfold(pad(m), k).view(D, k * k, h * w).permute(2, 1, 0).contiguous()  # [h*w, k*k, D]
+    has = F.unfold(pad((torch.linalg.vector_norm(m, dim=-1, keepdim=True) > 1e-8).float()), k).view(k * k, h, w)
+    gq = F.unfold(pad(gbar), k).view(3, k * k, h, w)
+    off = torch.arange(-r, r + 1, device=dev, dtype=torch.float32)
+    qy = torch.arange(h, device=dev, dtype=torch.float32)[:, None] + off  # [h, k] neighbour rows, in cells
+    qx = torch.arange(w, device=dev, dtype=torch.float32)[:, None] + off  # [w, k]
+    dy2 = (py[ys][:, :, None] - qy[:, None, :]) ** 2  # [h, ry, k]
+    dx2 = (px[xs][:, :, None] - qx[:, None, :]) ** 2  # [w, rx, k]
+    out = torch.empty(H, W, D, device=dev)
+    step = max(1, (1 << 24) // max(1, ry * w * rx * max(D, k * k)))  # cell rows per block: <= 64 MB temporaries
+    for i0 in range(0, h, step):
+        i1 = min(h, i0 + step)
+        n = i1 - i0
+        # [n, ry, w, rx, k, k] log kernel: space (dy, dx) + colour, masked to cells with a feature
+        g = guide[ys[i0:i1]][:, :, xs]  # [n, ry, w, rx, 3]
+        qcol = gq[:, :, i0:i1].permute(2, 3, 1, 0).reshape(n, 1, w, 1, k * k, 3)
+        c2 = ((g[:, :, :, :, None, :] - qcol) ** 2).sum(-1).view(n, ry, w, rx, k, k)
+        d2 = dy2[i0:i1].view(n, ry, 1, 1, k, 1) + dx2.view(1, 1, w, rx, 1, k)
+        wgt = torch.exp(-d2 / (2 * sigma_space ** 2) - c2 / (2 * sigma_color ** 2)).view(n, ry, w, rx, k * k)
+        wgt = wgt * has[:, i0:i1].permute(1, 2, 0).reshape(n, 1, w, 1, k * k)
+        wgt = wgt * (wgt.sum(-1, keepdim=True) >= min_support)  # no nearby cell has this pixel's colour: no feature
+        cells = wgt.permute(0, 2, 1, 3, 4).reshape(n * w, ry * rx, k * k)
+        blk = torch.bmm(cells, nb[i0 * w:i1 * w]).view(n, w, ry, rx, D).permute(0, 2, 1, 3, 4)  # [n, ry, w, rx, D]
+        dst = out[int(ys[i0, 0]):int(ys[i1 - 1, -1]) + 1]  # the pixel rows of cell rows i0..i1-1
+        if bool(y_ok[i0:i1].all()) and bool(x_ok.all()):  # every cell ry x rx pixels: one copy
+            dst.view(n, ry, w, rx, D).copy_(blk)
+        else:
+            dst.copy_(blk.reshape(n * ry, w * rx, D)[y_ok[i0:i1].reshape(-1)][:, x_ok.reshape(-1)])
+    n = torch.linalg.vector_norm(out, dim=-1, keepdim=True)
+    return out.mul_(torch.where(n > 0, 1.0 / n.clamp_min(1e-30), 0.0))
+
+
+def _cell_pixels(cell: Tensor, cells: int) -> Tuple[Tensor, Tensor]:
+    """Pixel indices of each cell along one axis ``[cells, r]`` (padded with the cell's last pixel) and which
+    are real ``[cells, r]``, from the non-decreasing cell of every pixel ``cell`` (each cell has >= 1 pixel)."""
+    bounds = torch.searchsorted(cell, torch.arange(cells + 1, device=cell.device))  # first pixel of each cell
+    count = bounds[1:] - bounds[:-1]
+    lanes = torch.arange(int(count.max()), device=cell.device)
+    ok = lanes[None, :] < count[:, None]
+    return torch.minimum(bounds[:-1, None] + lanes, bounds[1:, None] - 1), ok
