@@ -41,7 +41,7 @@ from .ops._backend import has_native_kernel
 from .progress import track
 from .rendering import Projection, render
 from .teachers.maps import TeacherMaps, get_map, guided_upsample, map_dim, prepare_map, region_fraction
-from .vcd import pixel_weights
+from .vcd import pixel_weights, teacher_footprint
 
 __all__ = ["LiftViews", "CachePlan", "cache_plan", "CACHE_BYTES"]
 
@@ -197,8 +197,7 @@ class LiftViews:
         for b, i in enumerate(idx):
             m = get_map(self.teacher_maps, i)
             if self.footprint is None:  # a map coarser than the render: each cell describes a footprint of pixels
-                h, w = m.shape[:2]
-                self.footprint = max(self.H / h, self.W / w) if (h < self.H or w < self.W) else 0.0
+                self.footprint = teacher_footprint(tuple(m.shape[:2]), (self.H, self.W))
             if raws is not None:
                 raws.append(m)
             out.append(self._prepare(m, i, None if guide is None else guide[b]))

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from .errors import ConfigError, NonFiniteError, ShapeError
 
-__all__ = ["VCDConfig", "reliability_weights", "pixel_weights", "footprint_purity", "render_depth_stats"]
+__all__ = ["VCDConfig", "reliability_weights", "pixel_weights", "teacher_footprint", "footprint_purity", "render_depth_stats"]
 
 Tensor = torch.Tensor
 
@@ -89,6 +89,12 @@ class VCDConfig:
     """W_fp: relative depth difference |Dbar(v) - Dbar(u)| / Dbar(u) within which v shows u's surface."""
     footprint_power: float = 1.0
     """W_fp = purity ** footprint_power (0: no footprint term)."""
+    mixing_coarse_only: bool = False
+    """Apply W_op and W_var only against a teacher coarser than the render (``footprint`` > 1 px). They model a
+    teacher that blends what its footprint sees (a patch token over a silhouette or a depth step); a teacher at the
+    render's resolution (a mask teacher) gives each pixel one region's feature, and its failures (merged, split,
+    misrecognised masks) are W_seg's. The objective's default (training started from the lift): on 30 development
+    pairs of the mask teachers the two terms cost 0.3-1.1 mIoU and 1-2.7 3D mIoU there (docs/method.md section 7)."""
     segment_power: float = 0.0
     """gamma of the mask-specificity term W_seg = (frac / smallest frac) ** -gamma (0: off), frac the share of the view
     covered by the pixel's teacher region (module docstring); used where a region map is given."""
@@ -278,8 +284,9 @@ def reliability_weights(
         relvar = var / (dbar * dbar + cfg.eps)
         ones = torch.ones_like(A)
 
-        w_op = (A / cfg.opacity_ref).clamp(0.0, 1.0) ** cfg.opacity_power if cfg.use_opacity else ones
-        w_var = torch.exp(-relvar / cfg.variance_scale) if cfg.use_variance else ones
+        mixing = not cfg.mixing_coarse_only or cfg.footprint > 1.0  # the teacher blends a footprint of pixels
+        w_op = (A / cfg.opacity_ref).clamp(0.0, 1.0) ** cfg.opacity_power if cfg.use_opacity and mixing else ones
+        w_var = torch.exp(-relvar / cfg.variance_scale) if cfg.use_variance and mixing else ones
 
         # edge strengths only where they are used (or asked for): the objective's default has no edge term
         want_depth = return_terms or (cfg.use_edge and cfg.edge_depth)
@@ -335,6 +342,17 @@ def reliability_weights(
         return w_bar, terms
 
 
+def teacher_footprint(map_size: Tuple[int, int], render_size: Tuple[int, int]) -> float:
+    """Pixels of the render each cell of a teacher map describes: ``max(H / h, W / w)`` for a map ``(h, w)`` coarser
+    than the render ``(H, W)`` (a patch-token teacher), 0 for a map at (or above) the render's resolution.
+
+    >>> teacher_footprint((16, 16), (128, 128)), teacher_footprint((128, 128), (128, 128))
+    (8.0, 0.0)
+    """
+    (h, w), (H, W) = map_size, render_size
+    return max(H / h, W / w) if (h < H or w < W) else 0.0
+
+
 def pixel_weights(alpha: Tensor, depth_m1: Tensor, depth_m2: Tensor, teacher: Optional[Tensor] = None,
                   use_vcd: bool = True, vcd: Optional[VCDConfig] = None, min_coverage: float = 0.5,
                   footprint: Optional[float] = None, region_fraction: Optional[Tensor] = None) -> Tensor:
@@ -344,8 +362,8 @@ def pixel_weights(alpha: Tensor, depth_m1: Tensor, depth_m2: Tensor, teacher: Op
     feature (``|z| > 0.5``; ``teacher`` [B, H, W, D] at the render's resolution, or None = every pixel).
     ``use_vcd``: VCD reliability ``w_bar`` on those pixels (:func:`rh3dgs.vcd.reliability_weights`,
     feature edges from ``teacher`` if ``vcd.edge_features``); else 1 on them. ``footprint``: the
-    teacher's footprint in pixels for the footprint-purity term (overrides ``vcd.footprint``; the lift
-    passes the patch size it reads off the teacher maps' resolution). ``region_fraction``: [B, H, W] share
+    teacher's footprint in pixels (:func:`teacher_footprint`; overrides ``vcd.footprint``) for the footprint-purity
+    term and ``vcd.mixing_coarse_only``; the lift and the objective pass it, read off the teacher maps' resolution. ``region_fraction``: [B, H, W] share
     of the view covered by each pixel's teacher region, read off the maps as the teacher gives them
     (:func:`rh3dgs.teachers.maps.region_fraction`), for the mask-specificity term.
 

@@ -203,3 +203,27 @@ def test_mask_specificity_term():
         reliability_weights(A, D1, D2, cfg=cfg, region_fraction=frac[:, :3])
     with pytest.raises(ConfigError):
         VCDConfig(segment_power=-0.1)
+
+
+def test_mixing_terms_only_against_a_teacher_coarser_than_the_render():
+    """mixing_coarse_only: W_op and W_var apply for a footprint > 1 px (a patch teacher), not at the render's
+    resolution (footprint 0 or 1: a mask teacher), where only the other terms remain."""
+    from rh3dgs.vcd import pixel_weights, teacher_footprint
+
+    A, D1, D2 = two_surface(mixed=True, low_alpha=True)
+    A, D1, D2 = A.float(), D1.float(), D2.float()
+    frac = torch.full_like(A, 0.5)
+    frac[:, :, :8] = 0.05
+    on = VCDConfig.rh3dgs()  # the lift's: both terms always
+    coarse_only = VCDConfig.rh3dgs(mixing_coarse_only=True)  # the objective's
+    without = VCDConfig.rh3dgs(use_opacity=False, use_variance=False)
+    kw = dict(min_coverage=0.0, region_fraction=frac)
+    for fp in (0.0, 1.0):
+        w = pixel_weights(A, D1, D2, vcd=coarse_only, footprint=fp, **kw)
+        assert torch.equal(w, pixel_weights(A, D1, D2, vcd=without, footprint=fp, **kw))
+        assert float(w[0, 4, 7]) > 0.5 * float(w[0, FRONT_IN[0], FRONT_IN[1]])  # the mixed pixel keeps its weight
+    w8 = pixel_weights(A, D1, D2, vcd=coarse_only, footprint=8.0, **kw)
+    assert torch.equal(w8, pixel_weights(A, D1, D2, vcd=on, footprint=8.0, **kw))
+    assert float(w8[0, 4, 7]) < 0.05 * float(w8[0, FRONT_IN[0], FRONT_IN[1]])
+    assert teacher_footprint((16, 16), (128, 128)) == 8.0 and teacher_footprint((16, 12), (128, 128)) == 128 / 12
+    assert teacher_footprint((128, 128), (128, 128)) == 0.0 and teacher_footprint((256, 256), (128, 128)) == 0.0

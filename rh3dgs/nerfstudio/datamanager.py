@@ -11,7 +11,8 @@ with ``teacher_at_image_size=False``; the model resizes to its loss resolution w
 Maps at the image / loss size are prepared once per camera and kept on the training device
 (up to ``teacher_cache_mb``), so a training step only reads its camera's map. When the model's objective
 uses VCD's mask-specificity term, batches also carry ``batch["teacher_regions"]`` ``[H, W]``: the region
-fractions of the map as the teacher gives it (:func:`rh3dgs.teachers.maps.region_fraction`), once per camera.
+fractions of the map as the teacher gives it (:func:`rh3dgs.teachers.maps.region_fraction`), once per camera,
+and always ``batch["teacher_footprint"]``, the render pixels per cell of that map (:func:`rh3dgs.vcd.teacher_footprint`).
 
 Extraction is lazy (first batch, or :meth:`Rh3dgsDataManager.teacher_maps`), so loading a
 trained run for viewing / export never needs the teacher.
@@ -30,6 +31,7 @@ from nerfstudio.utils.rich_utils import CONSOLE
 
 from ..teachers import DatasetMaps, TeacherConfig, dataset_maps, upsample_features
 from ..teachers.maps import region_fraction
+from ..vcd import teacher_footprint
 
 __all__ = ["Rh3dgsDataManagerConfig", "Rh3dgsDataManager"]
 
@@ -112,13 +114,17 @@ class Rh3dgsDataManager(FullImageDatamanager[InputDataset]):
 
     def teacher_map(self, split: str, idx: int, size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
         """[h, w, D] unit teacher features of image ``idx`` (at ``size`` = (H, W) if given), on CPU."""
-        key = (split, int(idx))
-        if key not in self._teacher_native:
-            self._teacher_native[key] = self.dataset_maps(split)[idx].half()
-        m = self._teacher_native[key].float()
+        m = self._native_map(split, idx).float()
         if size is not None and tuple(m.shape[:2]) != tuple(size):
             m = upsample_features(m, size)
         return m
+
+    def _native_map(self, split: str, idx: int) -> torch.Tensor:
+        """Image ``idx``'s map as the teacher gives it, kept in half precision on CPU (read once)."""
+        key = (split, int(idx))
+        if key not in self._teacher_native:
+            self._teacher_native[key] = self.dataset_maps(split)[idx].half()
+        return self._teacher_native[key]
 
     def teacher_maps(self, split: str = "train") -> List[torch.Tensor]:
         """All teacher maps of a split at native resolution."""
@@ -150,6 +156,8 @@ class Rh3dgsDataManager(FullImageDatamanager[InputDataset]):
             return data
         if self.with_regions:
             data["teacher_regions"] = self.teacher_regions(split, idx, tuple(data["image"].shape[:2]))
+        data["teacher_footprint"] = teacher_footprint(tuple(self._native_map(split, idx).shape[:2]),
+                                                      tuple(data["image"].shape[:2]))
         if self.config.teacher_at_image_size:
             size = (int(data["image"].shape[0]), int(data["image"].shape[1]))
             if self.teacher_size is not None:

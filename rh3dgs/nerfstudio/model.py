@@ -319,7 +319,8 @@ class Rh3dgsModel(SplatfactoCPUModel):
     def _objective_inputs(self, outputs, batch) -> Tuple[Tensor, ...]:
         """The objective's inputs for one rendered view: latents [1, H, W, d], A, D1, D2 [1, H, W], the decoder,
         teacher [1, h, w, D] (``batch["teacher"]``, with the rows of masked-out cells zeroed), the teacher's
-        region fractions [1, H, W] (``batch["teacher_regions"]``, kept per camera by the data manager) or None."""
+        region fractions [1, H, W] (``batch["teacher_regions"]``, kept per camera by the data manager) or None, and
+        the render pixels per cell of the teacher's own map (``batch["teacher_footprint"]``) or None."""
         lat = outputs["latents"][None]
         A, D1, D2 = (outputs[k][None, ..., 0] for k in ("accumulation", "depth_m1", "depth_m2"))
         if not self.config.semantic_geometry_grad:  # the statistics, too, only weight and mask the comparison
@@ -330,7 +331,8 @@ class Rh3dgsModel(SplatfactoCPUModel):
             keep = F.adaptive_avg_pool2d(m, tuple(t.shape[:2]))[0, 0] >= 0.5
             t = t * keep[..., None]
         regions = batch.get("teacher_regions")
-        return lat, A, D1, D2, self.decoder, t[None], None if regions is None else regions.to(lat.device)[None]
+        return (lat, A, D1, D2, self.decoder, t[None], None if regions is None else regions.to(lat.device)[None],
+                batch.get("teacher_footprint"))
 
     def losses(self, outputs, batch, metrics_dict=None) -> Dict[str, Tensor]:
         loss_dict = super().losses(outputs, batch, metrics_dict)
@@ -357,8 +359,8 @@ class Rh3dgsModel(SplatfactoCPUModel):
         """On what the objective compares (:meth:`rh3dgs.objective.SemanticObjective.compare`): ``sem_cos``, the
         mean cosine of the decoded render to the teacher on cells the scene covers (pooled A >= 0.5) where the
         teacher gives a feature; ``sem_cos_vcd``: the mean weighted by the objective's pixel weights."""
-        lat, A, D1, D2, dec, t, regions = self._objective_inputs(outputs, batch)
-        pred, z, w = self.objective.compare(lat.detach(), A, D1, D2, dec.detach(), t, regions)
+        lat, A, D1, D2, dec, t, regions, footprint = self._objective_inputs(outputs, batch)
+        pred, z, w = self.objective.compare(lat.detach(), A, D1, D2, dec.detach(), t, regions, footprint)
         cos = (F.normalize(pred, dim=-1) * z).sum(-1)
         cover = F.adaptive_avg_pool2d(A[:, None], tuple(z.shape[1:3]))[:, 0] >= 0.5
         v = (cover & (torch.linalg.vector_norm(z, dim=-1) > 0.5)).float()
