@@ -94,7 +94,7 @@ class VCDConfig:
     teacher that blends what its footprint sees (a patch token over a silhouette or a depth step); a teacher at the
     render's resolution (a mask teacher) gives each pixel one region's feature, and its failures (merged, split,
     misrecognised masks) are W_seg's. The objective's default (training started from the lift): on 30 development
-    pairs of the mask teachers the two terms cost 0.3-1.1 mIoU and 1-2.7 3D mIoU there (docs/method.md section 7)."""
+    pairs of the mask teachers the two terms cost 0.2-1.5 mIoU and 1.0-2.7 3D mIoU there (docs/method.md section 7)."""
     segment_power: float = 0.0
     """gamma of the mask-specificity term W_seg = (frac / smallest frac) ** -gamma (0: off), frac the share of the view
     covered by the pixel's teacher region (module docstring); used where a region map is given."""

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import ConfigError, NonFiniteError, ShapeError
-from ..ops import guided_upsample as _guided_op  # the native kernel on CPU, its torch reference elsewhere
+from ..ops import guided_upsample  # noqa: F401  (the teacher maps' guided upsampling, a native op: rh3dgs.ops)
 from .cache import extract_features, read_cached
 
 __all__ = ["TeacherMaps", "get_map", "map_dim", "principal_basis", "ProjectedMaps", "prepare_map", "prepare_maps", "guided_upsample", "constant_regions", "region_fraction", "upsample_features", "load_cached",
@@ -144,40 +144,6 @@ def prepare_map(m: Tensor, size: Tuple[int, int], view: Optional[int] = None) ->
         m = m.clone()  # normalised in place below; the caller's map stays as it was
     n = torch.linalg.vector_norm(m, dim=-1, keepdim=True)
     return m.mul_(torch.where(n > 1e-8, 1.0 / n.clamp_min(1e-8), 0.0))  # unit rows, zero rows stay zero
-
-
-def guided_upsample(m: Tensor, guide: Tensor, sigma_color: float = 0.05, sigma_space: float = 0.75,
-                    radius: int = 1, min_support: float = 1e-8) -> Tensor:
-    """Joint bilateral upsampling of a coarse map ``[h, w, D]`` to the guide's ``[H, W]`` (Kopf et al. 2007).
-
-    A coarse cell describes everything in its footprint (a ViT patch), so bilinear upsampling paints a
-    halo of an object's feature over its neighbours' pixels. Here each pixel p takes the cells q of the
-    ``(2 radius + 1)^2`` neighbourhood of its own cell, weighted by distance and by how well the colour of
-    p matches the mean colour of q's footprint:
-
-        f(p) = normalize( sum_q  exp(-|p - c_q|^2 / (2 sigma_s^2)) exp(-|I(p) - Ibar_q|^2 / (2 sigma_c^2)) m_q )
-
-    (``|p - c_q|`` in cells, colours in [0, 1]; zero cells carry no weight). A floor pixel next to a ball
-    takes the floor cells around it rather than the cell it shares with the ball. A pixel whose kernel
-    support ``sum_q s r`` is below ``min_support`` (its colour is far from every nearby cell's mean: about
-    0.3 in RGB at ``sigma_color`` 0.05) gets no feature: the teacher described no region of its colour
-    there, and the lift ignores zero pixels. Computed by the op :func:`rh3dgs.ops.guided_upsample` (a native
-    kernel on CPU: one pass over the pixels, ~2 ms a 128x128 view at D = 64 where torch took 5-8 ms).
-
-    Args:
-        m: [h, w, D] map (any rows; zero rows = no feature); guide: [H, W, 3] image in [0, 1], H >= h, W >= w
-        (a map finer than the image is resized, not upsampled: :func:`prepare_map`).
-    Returns:
-        [H, W, D] float32 unit rows (zero where no cell with a feature is in reach).
-
-    >>> import torch
-    >>> m = torch.tensor([[[1., 0.], [0., 1.]]])           # 1 x 2 cells: left "a", right "b"
-    >>> guide = torch.zeros(1, 8, 3); guide[:, 3:] = 1.0   # the colour edge is at pixel 3, not at the cell edge 4
-    >>> out = guided_upsample(m, guide)
-    >>> bool(out[0, 3, 1] > out[0, 3, 0])                   # pixel 3 has b's colour: it takes b's feature
-    True
-    """
-    return _guided_op(m, guide, sigma_color, sigma_space, radius, min_support)
 
 
 def constant_regions(m: Union[Tensor, Sequence[Tensor]], size: Optional[Tuple[int, int]] = None) -> Tensor:
