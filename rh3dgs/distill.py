@@ -196,6 +196,7 @@ def distill(
     valid_idx = torch.nonzero(valid).flatten()
     live = valid[:, None].to(raw.dtype)  # Gaussians without a feature stay at 0 and get no gradient
     means = gaussians.means.detach()
+    colors = gaussians.base_colors  # LIC's appearance positives
     order: List[int] = []
     history: List[Dict[str, float]] = []
     regions: Dict[int, Tensor] = {}
@@ -214,7 +215,7 @@ def distill(
         loss, parts = objective(step, views.render(lat, idx), views.alpha[idx], views.d1[idx], views.d2[idx],
                                 decoder, teacher, torch.stack([regions[i] for i in idx]) if objective.uses_regions else None)
         l_sem = float(loss.detach())
-        lc = objective.contrast(step, lat, decoder, means, subset=valid_idx)
+        lc = objective.contrast(step, lat, decoder, means, subset=valid_idx, colors=colors)
         loss = loss + lc
         loss.backward()
         opt.step()

@@ -13,6 +13,9 @@ import torch
 
 from .errors import NonFiniteError, ShapeError
 
+#: the degree-0 real spherical harmonic, 1 / (2 sqrt(pi)): colour = C0 sh0 + 0.5
+SH_C0 = 0.28209479177387814
+
 __all__ = ["Gaussians"]
 
 
@@ -89,6 +92,11 @@ class Gaussians:
         return torch.nn.functional.normalize(self.quats, dim=-1)
 
     @property
+    def base_colors(self) -> torch.Tensor:
+        """[N, 3] the view-independent colour in [0, 1], ``clamp(SH_C0 sh0 + 0.5, 0, 1)`` (no gradient)."""
+        return (SH_C0 * self.sh0[:, 0].detach() + 0.5).clamp(0.0, 1.0)
+
+    @property
     def sh_coeffs(self) -> torch.Tensor:
         """[N, (deg+1)^2, 3] all SH coefficients (gsplat's ``colors`` with ``sh_degree``)."""
         return torch.cat([self.sh0, self.shN], dim=1)
@@ -132,7 +140,6 @@ class Gaussians:
         sh_degree: int = 0,
     ) -> "Gaussians":
         """Build from activated values: scales [N,3] > 0, opacities [N] in (0,1), RGB colors [N,3] in [0,1]."""
-        C0 = 0.28209479177387814
         n = means.shape[0]
         k = (sh_degree + 1) ** 2 - 1
         op = opacities.clamp(1e-6, 1 - 1e-6)
@@ -141,7 +148,7 @@ class Gaussians:
             scales=torch.log(scales.float()),
             quats=quats.float().contiguous(),
             opacities=torch.log(op / (1 - op)).float(),
-            sh0=((colors.float() - 0.5) / C0).reshape(n, 1, 3),
+            sh0=((colors.float() - 0.5) / SH_C0).reshape(n, 1, 3),
             shN=torch.zeros(n, k, 3, dtype=torch.float32, device=means.device),
             latents=None if latents is None else latents.float(),
         )

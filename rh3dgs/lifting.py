@@ -266,8 +266,7 @@ def lift(
     observed = valid
     filled = torch.zeros_like(valid)
     if cfg.fill and N > 0:
-        colors = (0.28209479177387814 * gaussians.sh0[:, 0].detach() + 0.5).clamp(0.0, 1.0)
-        mu, filled = fill_from_neighbours(gaussians.means, colors, mu, observed, cfg.fill_neighbors,
+        mu, filled = fill_from_neighbours(gaussians.means, gaussians.base_colors, mu, observed, cfg.fill_neighbors,
                                           cfg.fill_color_sigma, cfg.fill_radius,
                                           confidence=visibility.clamp(0.0, 1.0) ** cfg.fill_visibility_power)
         valid = observed | filled

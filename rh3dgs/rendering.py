@@ -16,7 +16,7 @@ from torch import Tensor
 
 from .cameras import Cameras
 from .errors import ShapeError
-from .gaussians import Gaussians
+from .gaussians import SH_C0, Gaussians
 from .ops import Contributions, isect_tiles, project_gaussians, rasterize_to_pixels, sh_colors
 
 __all__ = ["RenderResult", "render", "project", "FixedViews", "fixed_views"]
@@ -95,8 +95,7 @@ def _sh_colors(gaussians: Gaussians, cameras: Cameras) -> Tensor:
     """[B, N, 3] view-dependent colours (gsplat convention: SH + 0.5, clamped at 0)."""
     coeffs = gaussians.sh_coeffs  # [N, K, 3]
     if gaussians.sh_degree == 0:
-        C0 = 0.28209479177387814
-        col = (C0 * coeffs[:, 0, :] + 0.5).clamp_min(0.0)
+        col = (SH_C0 * coeffs[:, 0, :] + 0.5).clamp_min(0.0)
         return col[None].expand(len(cameras), -1, -1)
     campos = torch.linalg.inv(cameras.viewmats.to(gaussians.device))[:, :3, 3]  # [B, 3]
     col = sh_colors(gaussians.sh_degree, gaussians.means, campos, coeffs)

@@ -62,7 +62,7 @@ def test_deterministic_with_seed(tiny):
 
 def test_variants_run_and_lic_switches_on(tiny):
     scene, maps, protos = tiny
-    cfg = DistillConfig(steps=20, lr=0.05, latent_dim=8, objective=ObjectiveConfig(use_lic=True, lic_start=0.4))
+    cfg = DistillConfig(steps=20, lr=0.05, latent_dim=8, objective=ObjectiveConfig(lic_start=0.4))
     res = distill(scene.gaussians, scene.cameras, maps, cfg)
     assert cfg.label == "distill (VCD + VFM + ray + LIC)"
     warm = cfg.objective.lic_config(cfg.steps).warmup_steps

@@ -227,3 +227,72 @@ def test_centred_lic_is_lic_of_the_centred_features():
     assert torch.allclose(ga, gb, atol=1e-6)
     # the cone no longer dominates the cosines the contrast sees
     assert float((f[:50] @ f[50:].T).mean()) > 0.8 and float((g[:50] @ g[50:].T).mean()) < 0.5
+
+
+def _appearance_scene(n=300, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    means = torch.rand(n, 3, generator=g)
+    colors = torch.where(torch.rand(n, 1, generator=g) < 0.5, torch.tensor([0.8, 0.1, 0.1]), torch.tensor([0.1, 0.1, 0.8]))
+    colors = colors + 0.03 * torch.randn(n, 3, generator=g)
+    feats = torch.randn(n, 8, generator=g)
+    return means, colors, feats
+
+
+def test_appearance_positives_are_the_neighbours_of_similar_colour():
+    means, colors, feats = _appearance_scene()
+    cfg = LICConfig(positives="appearance", color_threshold=0.15, radius=0.2, max_neighbors=12, warmup_steps=0)
+    lic = LICLoss(cfg)
+    lic.refresh(means, feats, colors=colors)
+    ref = brute_force_graph(means.double().numpy(), 0.2, 12)
+    for i in range(0, 300, 7):
+        got = {int(j) for j, p in zip(lic.nbr_idx[i], lic.positive[i]) if p}
+        want = {j for j in ref[i] if float((colors[j] - colors[i]).norm()) < 0.15}
+        assert got == want
+    assert lic.labels is None and set(lic.eligible.tolist()) == {i for i in range(300) if lic.positive[i].any()}
+    # random negatives never share the anchor's appearance
+    a = torch.arange(10)
+    same = lic._same_instance(a, torch.arange(300).expand(10, -1))
+    assert torch.equal(same, (colors[None] - colors[a][:, None]).norm(dim=-1) < 0.15)
+    with pytest.raises(ConfigError, match="colours"):
+        LICLoss(cfg).refresh(means, feats)
+    with pytest.raises(ConfigError, match="positives"):
+        LICConfig(positives="colour")
+    with pytest.raises(ConfigError, match="form"):
+        LICConfig(form="push")
+
+
+def test_pull_form_matches_the_mean_over_positives_values_and_gradients():
+    means, colors, feats = _appearance_scene(200, 1)
+    cfg = LICConfig(positives="appearance", form="pull", color_threshold=0.15, radius=0.25, max_neighbors=10,
+                    num_anchors=10_000, warmup_steps=0)
+    lic = LICLoss(cfg)
+    x = feats.double().requires_grad_(True)
+    loss = lic(x, 0, means=means, colors=colors)
+    y = feats.double().requires_grad_(True)
+    u = torch.nn.functional.normalize(y, dim=-1)
+    terms = []
+    for a in lic.eligible.tolist():
+        ps = [int(j) for j, p in zip(lic.nbr_idx[a], lic.positive[a]) if p]
+        terms.append(torch.stack([1.0 - (u[a] * u[j]).sum() for j in ps]).mean())
+    ref = torch.stack(terms).mean()
+    assert float(loss) == pytest.approx(float(ref), rel=1e-10) and float(ref) > 0.1
+    loss.backward()
+    ref.backward()
+    torch.testing.assert_close(x.grad, y.grad, rtol=1e-9, atol=1e-12)
+
+
+def test_pull_form_makes_same_colour_neighbours_agree():
+    means, colors, feats = _appearance_scene(300, 2)
+    lic = LICLoss(LICConfig(positives="appearance", form="pull", color_threshold=0.15, radius=0.2,
+                            num_anchors=512, warmup_steps=0))
+    x = feats.clone().requires_grad_(True)
+    opt = torch.optim.Adam([x], lr=0.05)
+    first = None
+    for step in range(150):
+        opt.zero_grad()
+        loss = lic(x, step, means=means, colors=colors)
+        first = float(loss) if first is None else first
+        loss.backward()
+        opt.step()
+    final = float(lic(x.detach(), 0, means=means, colors=colors))
+    assert first > 0.5 and final < 0.05 * first

@@ -140,7 +140,9 @@ def test_train_step_outputs_losses_and_strategy_info(pipeline):
     metrics = m.get_metrics_dict(out, batch)
     assert 0 < float(metrics["sem_cos"]) <= 1 and "psnr" in metrics
     losses = m.get_loss_dict(out, batch, metrics)
-    assert "semantic_loss" in losses and ("lic_loss" in losses) == m.config.objective.use_lic  # LIC: off by default
+    assert "semantic_loss" in losses and "lic_loss" in losses and m.config.objective.use_lic  # LIC: on by default
+    g_lic = torch.autograd.grad(losses["lic_loss"], [m.latents], retain_graph=True)[0]
+    assert float(losses["lic_loss"]) > 0 and g_lic.abs().sum() > 0  # positives from the Gaussians' colours
     # the semantic loss alone reaches the latents, although the metrics (no_grad) ran first, and by default not the
     # geometry (semantic_geometry_grad=False: RGB alone shapes the Gaussians); with the option on, it does
     g_lat, g_means = torch.autograd.grad(losses["semantic_loss"], [m.latents, m.means], retain_graph=True)

@@ -73,13 +73,16 @@ def test_contrast_on_after_start_and_zero_before():
     obj = SemanticObjective(ObjectiveConfig(use_lic=True, lic_start=0.5), 4, steps)
     g = torch.Generator().manual_seed(0)
     means = torch.rand(300, 3, generator=g) * 0.2
+    colors = torch.rand(300, 1, generator=g).expand(-1, 3) * 0.3  # grey levels: LIC's appearance positives
     lat = torch.randn(300, 4, generator=g, requires_grad=True)
     dec = torch.linalg.qr(torch.randn(8, 4, generator=g))[0]
-    assert float(obj.contrast(2, lat, dec, means)) == 0.0
-    c = obj.contrast(6, lat, dec, means)
+    assert float(obj.contrast(2, lat, dec, means, colors=colors)) == 0.0
+    c = obj.contrast(6, lat, dec, means, colors=colors)
     assert float(c) > 0
     c.backward()
     assert lat.grad.abs().sum() > 0
+    with pytest.raises(ConfigError, match="colours"):  # appearance positives need the Gaussians' colours
+        SemanticObjective(ObjectiveConfig(), 4, steps).contrast(0, lat, dec, means)
     off = SemanticObjective(ObjectiveConfig(use_lic=False), 4, steps)
     assert float(off.contrast(6, lat, dec, means)) == 0.0
 
@@ -89,9 +92,9 @@ def test_config_errors():
         ObjectiveConfig(resolution="nope")
     with pytest.raises(ConfigError):
         ObjectiveConfig(lic_start=2.0)
-    assert ObjectiveConfig().label == "VCD + VFM + ray"  # LIC is off by default
-    assert ObjectiveConfig(use_lic=True).label == "VCD + VFM + ray + LIC"
-    assert ObjectiveConfig(use_vcd=False, use_vfm=False, lambda_ray=0.0).label == "cosine"
+    assert ObjectiveConfig().label == "VCD + VFM + ray + LIC"
+    assert ObjectiveConfig(use_lic=False).label == "VCD + VFM + ray"
+    assert ObjectiveConfig(use_vcd=False, use_vfm=False, use_lic=False, lambda_ray=0.0).label == "cosine"
 
 
 def test_mask_teacher_pixels_weighted_by_mask_specificity():

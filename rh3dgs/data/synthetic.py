@@ -409,7 +409,7 @@ def write_dataset(scene: SyntheticScene, out_dir, progress: bool = True) -> Dict
             atomic_save_png(out / sub / f"{name}.png", lab.numpy())
         image_paths.append(out / "images" / f"{name}.png")
     save_ply(out / "scene.ply", scene.gaussians)
-    _save_point_cloud(out / "sparse_pc.ply", scene.gaussians.means, (0.28209479177387814 * scene.gaussians.sh0[:, 0] + 0.5).clamp(0, 1))
+    _save_point_cloud(out / "sparse_pc.ply", scene.gaussians.means, scene.gaussians.base_colors)
     extra: Dict[str, object] = {"ply_file_path": "sparse_pc.ply"}
     if scene.heldout_cameras is not None:
         rel = [f"images/{n}.png" for n in cams.names]

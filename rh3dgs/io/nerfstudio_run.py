@@ -64,7 +64,7 @@ from torch import Tensor
 
 from ..cameras import Cameras, OPENGL_TO_OPENCV
 from ..errors import Rh3dgsError
-from ..gaussians import Gaussians
+from ..gaussians import SH_C0, Gaussians
 from .frames import (DATAPARSER_TRANSFORMS, Similarity, nerfstudio_to_data, rotate_sh, transform_c2w,
                      transform_gaussians)
 
@@ -72,7 +72,6 @@ __all__ = ["load_nerfstudio_scene", "export_semantic_ply", "load_run_config", "f
            "checkpoints_newest_first", "load_checkpoint", "rotate_sh", "training_dir", "NerfstudioRunError"]
 
 PathLike = Union[str, os.PathLike]
-C0 = 0.28209479177387814
 
 
 class NerfstudioRunError(Rh3dgsError):
@@ -320,7 +319,7 @@ def load_nerfstudio_scene(
     if sh_degree > 0:
         sh0, shN = g["features_dc"][:, None, :], g["features_rest"]
     else:
-        sh0 = ((torch.sigmoid(g["features_dc"]) - 0.5) / C0)[:, None, :]
+        sh0 = ((torch.sigmoid(g["features_dc"]) - 0.5) / SH_C0)[:, None, :]
         shN = g["features_dc"].new_zeros(g["features_dc"].shape[0], 0, 3)
     means, scales, quats = g["means"], g["scales"], g["quats"]
 

@@ -73,7 +73,7 @@ class Rh3dgsModelConfig(SplatfactoCPUModelConfig):
     decoder, teacher maps, semantic losses or metrics (the semantic settings are then unused)."""
     latent_dim: int = 16
     """d: per-Gaussian semantic latent size."""
-    objective: ObjectiveConfig = field(default_factory=lambda: ObjectiveConfig(lambda_sem=0.1, lambda_con=0.01))
+    objective: ObjectiveConfig = field(default_factory=lambda: ObjectiveConfig(lambda_sem=0.1, lambda_con=0.03))
     """The semantic objective (VCD / VFM / LIC switches, lambda_sem, lambda_con, resolution...): the one of
     ``distill()``, weighted 0.1 against splatfacto's RGB loss. The semantic parameters (latents, background
     latent) get no other gradient and their Adam steps do not depend on the loss scale (eps 1e-15), so they
@@ -351,7 +351,8 @@ class Rh3dgsModel(SplatfactoCPUModel):
         if self.training and obj.lic is not None and self.step >= obj.lic.cfg.warmup_steps:
             lat = self.semantic_latents(self.latents)
             live = torch.nonzero((lat.detach() != 0).any(-1)).flatten()
-            losses["lic_loss"] = obj.contrast(self.step, lat, self.decoder, self.means, subset=live)
+            colors = self.gaussians_for_render(detach=True).base_colors  # LIC's appearance positives
+            losses["lic_loss"] = obj.contrast(self.step, lat, self.decoder, self.means, subset=live, colors=colors)
         return losses
 
     @torch.no_grad()
