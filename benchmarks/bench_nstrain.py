@@ -9,8 +9,8 @@ The mean time per iteration excludes the first ``WARMUP`` iterations. Besides wa
 process's CPU time per iteration (all its threads) is reported: on a CPU shared with other
 jobs it is the load-independent figure (wall time grows when other processes take the cores).
 
-* ``rh3dgs``: the ``rh3dgs-lite`` preset (its 300-step schedule: the objective of ``distill()``, no LIC
-  by default, densification between steps 60 and 200) with the simulated teacher's maps (D = 64).
+* ``rh3dgs``: the ``rh3dgs-lite`` preset (its 300-step schedule: the objective of ``distill()``, LIC
+  included, densification between steps 60 and 200) with the simulated teacher's maps (D = 64).
 * baseline on CUDA: nerfstudio's own ``splatfacto`` method (gsplat's CUDA rasterizer) with the
   same model hyperparameters and optimizer schedule as the rh3dgs run.
 * baseline on CPU: nerfstudio's splatfacto cannot run on a CPU (``.cuda()`` calls, gsplat's CUDA
@@ -284,7 +284,7 @@ def main(iters: int = ITERS, warmup: int = WARMUP, device: Optional[str] = None,
     ours, base = first["rh3dgs"], first["baseline"]
     md = (f"# ns-train: rh3dgs vs splatfacto iteration time ({device})\n\n"
           f"Synthetic scene, {VIEWS} views per image size, {iters} iterations of the rh3dgs-lite schedule "
-          f"(densification steps 60-200, the default objective: no LIC), mean over iterations {warmup}..{iters - 1}; both methods "
+          f"(densification steps 60-200, the default objective: VCD + VFM + LIC + ray term), mean over iterations {warmup}..{iters - 1}; both methods "
           f"trained in-process by nerfstudio's Trainer in this run, each in its own interpreter, {ROUNDS} interleaved "
           "rounds (splatfacto, rh3dgs, ...): the rows give the median over the rounds, the ratios the median of the "
           "per-round ratios; "
