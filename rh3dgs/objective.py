@@ -270,7 +270,9 @@ class SemanticObjective(torch.nn.Module):
 
     def contrast(self, step: int, latents: Tensor, decoder: Tensor, means: Tensor,
                  subset: Optional[Tensor] = None, colors: Optional[Tensor] = None) -> Tensor:
-        """``lambda_con * LIC`` on the decoded unit features of the Gaussians (``subset``: indices to use)."""
+        """``lambda_con * LIC`` on the decoded unit features of the Gaussians (``subset``: indices to use; ``colors``
+        [N, 3]: the Gaussians' colours, read by LIC's appearance positives when its graph is rebuilt, so a caller may
+        pass None on the other steps, :meth:`rh3dgs.lic.LICLoss.needs_refresh`)."""
         if self.lic is None or step < self.lic.cfg.warmup_steps:
             return latents.reshape(-1)[:0].sum()
         f, m = (latents, means) if subset is None else (latents[subset], means[subset])

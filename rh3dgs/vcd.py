@@ -363,7 +363,8 @@ def pixel_weights(alpha: Tensor, depth_m1: Tensor, depth_m2: Tensor, teacher: Op
     ``use_vcd``: VCD reliability ``w_bar`` on those pixels (:func:`rh3dgs.vcd.reliability_weights`,
     feature edges from ``teacher`` if ``vcd.edge_features``); else 1 on them. ``footprint``: the
     teacher's footprint in pixels (:func:`teacher_footprint`; overrides ``vcd.footprint``) for the footprint-purity
-    term and ``vcd.mixing_coarse_only``; the lift and the objective pass it, read off the teacher maps' resolution. ``region_fraction``: [B, H, W] share
+    term and ``vcd.mixing_coarse_only``; the lift and the objective pass it, read off the teacher maps' resolution.
+    ``region_fraction``: [B, H, W] share
     of the view covered by each pixel's teacher region, read off the maps as the teacher gives them
     (:func:`rh3dgs.teachers.maps.region_fraction`), for the mask-specificity term.
 

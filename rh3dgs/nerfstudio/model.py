@@ -351,7 +351,9 @@ class Rh3dgsModel(SplatfactoCPUModel):
         if self.training and obj.lic is not None and self.step >= obj.lic.cfg.warmup_steps:
             lat = self.semantic_latents(self.latents)
             live = torch.nonzero((lat.detach() != 0).any(-1)).flatten()
-            colors = self.gaussians_for_render(detach=True).base_colors  # LIC's appearance positives
+            # LIC's appearance positives read the colours only when its graph is rebuilt
+            due = obj.lic.needs_refresh(self.step, int(live.numel()))
+            colors = self.gaussians_for_render(detach=True).base_colors if due else None
             losses["lic_loss"] = obj.contrast(self.step, lat, self.decoder, self.means, subset=live, colors=colors)
         return losses
 
