@@ -103,7 +103,13 @@ TORCH_LIBRARY(rh3dgs, m) {
   // sum_k d_sim[a, k] f_j (= dloss_a / df_a). Order: (loss, anchor_feats, d_anchor, d_sim).
   m.def("lic_infonce_fwd(Tensor features, Tensor anchors, Tensor candidates, Tensor kinds, float inv_temperature) "
         "-> (Tensor, Tensor, Tensor, Tensor)");
-  // dL/dfeatures [N, d] from grad_loss [A] = dL/dloss and the forward's saved outputs.
+  // LIC's pull form on the same inputs: loss[a] = 1 - mean_{kind = 2} <f_a, f_j> (0 without positives; kind 1
+  // entries are not read). Returns what lic_infonce_fwd returns, for the same backward: d_sim = -1 / |P| on
+  // the positives (0 elsewhere), d_anchor = -mean_{kind = 2} f_j. CPU kernel; elsewhere rh3dgs.ops.lic_pull runs
+  // its torch reference.
+  m.def("lic_pull_fwd(Tensor features, Tensor anchors, Tensor candidates, Tensor kinds) "
+        "-> (Tensor, Tensor, Tensor, Tensor)");
+  // dL/dfeatures [N, d] from grad_loss [A] = dL/dloss and the forward's saved outputs (either forward).
   m.def("lic_infonce_bwd(Tensor features, Tensor anchors, Tensor candidates, Tensor kinds, Tensor anchor_feats, "
         "Tensor d_anchor, Tensor d_sim, Tensor grad_loss) -> Tensor");
 }

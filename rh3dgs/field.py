@@ -21,6 +21,25 @@ from .query import TEMPERATURE, gaussian_relevancy
 __all__ = ["SemanticField"]
 
 
+def decoder_factor(decoder: Tensor) -> Tensor:
+    """[D, d] decoder -> [r, d] R of its reduced QR (decoder = Q R, Q with orthonormal columns), r = min(D, d).
+
+    Q maps R's coordinates isometrically into the teacher space, so every length, inner product and
+    cosine of decoded latents is the same in d dimensions: ``<decoder f, decoder g> = <R f, R g>``,
+    ``cos(decoder f, decoder g) = cos(R f, R g)``; anything that only compares decoded features
+    (cosines, spherical means, LIC) may run on ``f @ R.T`` instead of ``f @ decoder.T`` at d/D the
+    cost. Differentiable in ``decoder``.
+
+    Example::
+
+        >>> dec = torch.randn(64, 8, dtype=torch.float64); f, g = torch.randn(2, 8, dtype=torch.float64)
+        >>> R = decoder_factor(dec)
+        >>> bool(torch.isclose(torch.cosine_similarity(dec @ f, dec @ g, 0), torch.cosine_similarity(R @ f, R @ g, 0)))
+        True
+    """
+    return torch.linalg.qr(decoder, mode="reduced" if decoder.requires_grad else "r")[1]
+
+
 @dataclass
 class SemanticField:
     """latents [N, d], decoder [D, d] (teacher dim D), optional per-Gaussian ``valid`` [N] bool (has a
@@ -53,7 +72,7 @@ class SemanticField:
     @property
     def norm_factor(self) -> Tensor:
         """[r, d] R with R^T R = gram (R of the decoder's reduced QR): |decoder f| = |R f|."""
-        return torch.linalg.qr(self.decoder.double(), mode="r")[1].to(self.decoder.dtype)
+        return decoder_factor(self.decoder.double()).to(self.decoder.dtype)
 
     def decode(self, latents: Optional[Tensor] = None) -> Tensor:
         """[..., d] latents -> [..., D] unit teacher-space features (zero where the latent is zero)."""

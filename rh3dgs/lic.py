@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from scipy.spatial import cKDTree
 
 from .errors import ConfigError, NonFiniteError, ShapeError
-from .ops.lic import lic_infonce
+from .ops.lic import lic_infonce, lic_pull
 
 __all__ = ["LICConfig", "radius_graph", "spherical_kmeans", "pseudo_instances", "LICLoss"]
 
@@ -397,19 +397,13 @@ class LICLoss:
             features = F.normalize(F.normalize(features, dim=-1) - self.center.to(features), dim=-1)
         E = self.eligible.numel()
         pick = torch.randperm(E, generator=self._gen)[: c.num_anchors].to(dev)
-        anchors = self.eligible.to(dev)[pick]  # [A], each with a positive
+        anchors = self.eligible.to(dev).index_select(0, pick)  # [A], each with a positive
         A = anchors.numel()
-        nbr = self.nbr_idx.to(dev)[anchors]  # [A, M], -1 padded
-        valid = nbr >= 0
-        is_pos = self.positive.to(dev)[anchors]
+        nbr = self.nbr_idx.to(dev).index_select(0, anchors)  # [A, M], -1 padded
+        is_pos = self.positive.to(dev).index_select(0, anchors)
         if c.form == "pull":  # 1 - <f_a, mean of the positives> = mean_p (1 - cos(f_a, f_p)) for unit rows
-            fu = F.normalize(features, dim=-1)
-            npos = is_pos.sum(1)
-            rows = torch.arange(A, device=dev)[:, None].expand_as(nbr)[is_pos]
-            share = (1.0 / npos.to(fu.dtype))[:, None].expand_as(nbr)[is_pos]
-            mean_pos = torch.sparse.mm(torch.sparse_coo_tensor(torch.stack([rows, nbr[is_pos]]), share, (A, N),
-                                                               check_invariants=False), fu)  # [A, d]
-            return (1.0 - (fu[anchors] * mean_pos).sum(-1)).mean()
+            return lic_pull(features, anchors, nbr, is_pos.to(torch.uint8) * 2).mean()
+        valid = nbr >= 0
         R = c.num_random_negatives
         rnd = torch.randint(N, (A, R), generator=self._gen).to(dev)
         rnd_ok = ~self._same_instance(anchors, rnd) & (rnd != anchors[:, None])

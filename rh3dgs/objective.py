@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .errors import ConfigError
+from .field import decoder_factor
 from .lic import LICConfig, LICLoss
 from .vcd import VCDConfig, pixel_weights, teacher_footprint
 from .vfm import VFMConfig, vfm_loss
@@ -90,10 +91,15 @@ def ray_spread(latents_2d: Tensor, alpha: Tensor, min_coverage: float = 0.5) -> 
 
 
 def _pool(x: Tensor, grid: Tuple[int, int]) -> Tensor:
-    """[B, H, W, C] -> [B, h, w, C] area mean (exact blocks when H, W are multiples of h, w)."""
-    if tuple(x.shape[1:3]) == tuple(grid):
+    """[B, H, W, C] -> [B, h, w, C] area mean (exact blocks when H, W are multiples of h, w: one reduction over
+    the blocks of the channels-last map; otherwise ``adaptive_avg_pool2d``'s overlapping cells)."""
+    B, H, W, C = x.shape
+    h, w = int(grid[0]), int(grid[1])
+    if (H, W) == (h, w):
         return x
-    return F.adaptive_avg_pool2d(x.permute(0, 3, 1, 2), grid).permute(0, 2, 3, 1)
+    if H % h == 0 and W % w == 0:
+        return x.reshape(B, h, H // h, w, W // w, C).mean(dim=(2, 4))
+    return F.adaptive_avg_pool2d(x.permute(0, 3, 1, 2), (h, w)).permute(0, 2, 3, 1)
 
 
 @dataclass
@@ -217,8 +223,6 @@ class SemanticObjective(torch.nn.Module):
             elif regions is None:
                 regions = region_fraction(teacher, (H, W))
             regions = None if regions is None else regions.to(alpha.device)
-        if cfg.background_latent:
-            latents_2d = latents_2d + (1.0 - alpha)[..., None] * self.background
         if grid == (H, W):
             z_img = z
         else:  # pixel weights need the teacher at the render's size only for feature edges
@@ -228,7 +232,10 @@ class SemanticObjective(torch.nn.Module):
             footprint = teacher_footprint((int(teacher.shape[-3]), int(teacher.shape[-2])), (H, W))
         w_img = pixel_weights(alpha, depth_m1, depth_m2, z_img if z_img is not None else None, use_vcd=cfg.use_vcd,
                               vcd=cfg.vcd, min_coverage=min_cov, footprint=footprint, region_fraction=regions)
-        pred = _pool(latents_2d, grid) @ decoder.T  # [B, h, w, D], normalised by the losses
+        pooled = _pool(latents_2d, grid)
+        if cfg.background_latent:  # after the (linear) pooling: the same sum at the grid's size, not the render's
+            pooled = pooled + (1.0 - _pool(alpha[..., None], grid)) * self.background
+        pred = pooled @ decoder.T  # [B, h, w, D], normalised by the losses
         w = _pool(w_img[..., None], grid)[..., 0] * (torch.linalg.vector_norm(z, dim=-1) > 0.5)
         return pred, z, w
 
@@ -272,12 +279,17 @@ class SemanticObjective(torch.nn.Module):
                  subset: Optional[Tensor] = None, colors: Optional[Tensor] = None) -> Tensor:
         """``lambda_con * LIC`` on the decoded unit features of the Gaussians (``subset``: indices to use; ``colors``
         [N, 3]: the Gaussians' colours, read by LIC's appearance positives when its graph is rebuilt, so a caller may
-        pass None on the other steps, :meth:`rh3dgs.lic.LICLoss.needs_refresh`)."""
+        pass None on the other steps, :meth:`rh3dgs.lic.LICLoss.needs_refresh`).
+
+        LIC only compares features by cosines and spherical means, so it runs on the decoded features' coordinates
+        in the decoder's column space, ``f @ R.T`` (:func:`rh3dgs.field.decoder_factor`), which it normalises row by
+        row itself: the same loss and gradients as on ``normalize(f @ decoder.T)`` at d instead of D numbers per
+        Gaussian. For the same reason ``latents`` may be given at any positive scale per row (raw or unit)."""
         if self.lic is None or step < self.lic.cfg.warmup_steps:
             return latents.reshape(-1)[:0].sum()
         f, m = (latents, means) if subset is None else (latents[subset], means[subset])
         c = colors if colors is None or subset is None else colors[subset]
-        feats = F.normalize(f @ decoder.T, dim=-1)
+        feats = f @ decoder_factor(decoder).T
         return self.cfg.lambda_con * self.lic(feats, step, means=m.detach(), colors=c)
 
 

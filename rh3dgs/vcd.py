@@ -35,6 +35,8 @@ more than the views that merged it into a large one. See
 """
 from __future__ import annotations
 
+import functools
+
 import math
 from dataclasses import dataclass, replace
 from typing import Dict, Optional, Tuple, Union
@@ -275,9 +277,11 @@ def reliability_weights(
     with torch.no_grad():
         dtype = torch.float64 if alpha.dtype == torch.float64 else torch.float32
         A, D1, D2 = (t.detach().to(dtype) for t in (alpha, depth_m1, depth_m2))
-        for name, t in (("alpha", A), ("depth_m1", D1), ("depth_m2", D2)):
-            if not torch.isfinite(t).all():
-                raise NonFiniteError(f"reliability_weights: {name} contains NaN/Inf")
+        # one float64 sum each (finite float32 values cannot overflow it): non-finite only with a NaN/Inf
+        if not math.isfinite(sum(float(t.sum(dtype=torch.float64)) for t in (A, D1, D2))):
+            for name, t in (("alpha", A), ("depth_m1", D1), ("depth_m2", D2)):
+                if not torch.isfinite(t).all():
+                    raise NonFiniteError(f"reliability_weights: {name} contains NaN/Inf")
         valid = torch.ones_like(A, dtype=torch.bool) if valid_mask is None else valid_mask.to(A.device, torch.bool)
 
         dbar, var = render_depth_stats(A, D1, D2, cfg.eps)
@@ -317,7 +321,8 @@ def reliability_weights(
             has = frac > 0  # 0: no teacher region (no feature), weight 0
             smallest = torch.where(valid & has, frac, torch.ones_like(frac)).flatten(1).amin(1)[:, None, None]
             w_seg = torch.where(has, (frac / smallest).clamp_min(1.0) ** -cfg.segment_power, torch.zeros_like(frac))
-        raw = (w_op * w_var * w_edge * w_fp * w_seg).clamp_min(cfg.min_weight)
+        used = [t for t in (w_op, w_var, w_edge, w_fp, w_seg) if t is not ones]  # x * 1 = x exactly: skip them
+        raw = (functools.reduce(torch.mul, used) if used else ones).clamp_min(cfg.min_weight)
         raw = torch.where(valid, raw, torch.zeros_like(raw))
         vf = valid.to(dtype)
         count = vf.flatten(1).sum(1)

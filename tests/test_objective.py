@@ -87,6 +87,31 @@ def test_contrast_on_after_start_and_zero_before():
     assert float(off.contrast(6, lat, dec, means)) == 0.0
 
 
+
+@pytest.mark.parametrize("form", ["pull", "infonce"])
+def test_contrast_in_decoder_coordinates_equals_lic_on_the_decoded_features(form):
+    """``contrast`` runs LIC on ``f @ R.T`` (the decoder's QR factor) at any row scale; the same value and
+    latent gradients as LIC on the unit decoded features ``normalize(f @ decoder.T)`` in D dimensions."""
+    from rh3dgs.lic import LICConfig, LICLoss
+
+    g = torch.Generator().manual_seed(3)
+    N, d, D = 400, 4, 16
+    means = torch.rand(N, 3, generator=g) * 0.2
+    colors = torch.rand(N, 1, generator=g).expand(-1, 3) * 0.3
+    dec = torch.randn(D, d, generator=g)  # not orthonormal: R carries the decoder's metric
+    raw = (torch.randn(N, d, generator=g) * torch.rand(N, 1, generator=g) * 5).requires_grad_(True)
+    lic_cfg = LICConfig.rh3dgs(warmup_steps=0, form=form, num_random_negatives=0 if form == "pull" else 16)
+    obj = SemanticObjective(ObjectiveConfig(lic=lic_cfg), d, 10)
+    ours = obj.contrast(5, raw, dec, means, colors=colors)
+    ours.backward()
+    ref_raw = raw.detach().clone().requires_grad_(True)
+    ref = obj.cfg.lambda_con * LICLoss(lic_cfg)(F.normalize(ref_raw @ dec.T, dim=-1), 5, means=means, colors=colors)
+    ref.backward()
+    assert float(ours) > 0
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(raw.grad, ref_raw.grad, rtol=1e-4, atol=1e-6)
+
+
 def test_config_errors():
     with pytest.raises(ConfigError):
         ObjectiveConfig(resolution="nope")

@@ -1,12 +1,12 @@
-"""Native LIC InfoNCE op vs its torch reference (values and gradients), and its input checks."""
+"""Native LIC ops (InfoNCE, pull) vs their torch references (values and gradients), and their input checks."""
 import math
 
 import pytest
 import torch
 
 from rh3dgs.errors import ShapeError
-from rh3dgs.ops import lic_infonce
-from rh3dgs.ops._ref import _ref_lic_infonce
+from rh3dgs.ops import lic_infonce, lic_pull
+from rh3dgs.ops._ref import _ref_lic_infonce, _ref_lic_pull
 
 
 def random_case(N, d, A, M, R, seed):
@@ -102,3 +102,34 @@ def test_cpu_gradient_is_bit_identical_for_any_thread_count():
     finally:
         torch.set_num_threads(before)
     assert torch.equal(grads[0], grads[1]) and torch.equal(grads[0], grads[2])
+
+
+@pytest.mark.parametrize("N,d,A,M,R", [(500, 16, 64, 16, 64), (300, 5, 40, 7, 9), (200, 64, 30, 16, 8), (11_000, 8, 2048, 32, 0)])
+def test_pull_native_matches_reference_values_and_gradients(N, d, A, M, R):
+    """The pull form on the same cases (kind 1 entries, padding, duplicates, the zero row, the anchor as its own
+    positive): float32 native against the float64 torch reference, values and gradients."""
+    x, anchors, cand, kinds = random_case(N, d, A, M, R, seed=N + d + 1)
+    xa, xb = x.clone().requires_grad_(True), x.double().requires_grad_(True)
+    out, ref = lic_pull(xa, anchors, cand, kinds), _ref_lic_pull(xb, anchors, cand, kinds)
+    assert out.dtype == torch.float32 and out.shape == (A,)
+    assert torch.allclose(out.double(), ref, atol=2e-6, rtol=1e-5)
+    assert out[4] == 0 and out[6] == 0 and float(out[7].detach()) == pytest.approx(0.0, abs=1e-6)  # no positive; itself
+    w = torch.rand(A, generator=torch.Generator().manual_seed(2)).double()
+    (out.double() * w).sum().backward()
+    (ref * w).sum().backward()
+    assert torch.allclose(xa.grad.double(), xb.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_pull_value_by_hand_and_negatives_ignored():
+    x = torch.tensor([[1.0, 0.0], [math.cos(0.3), math.sin(0.3)], [0.0, 2.0], [-5.0, 0.0]], requires_grad=True)
+    anchors, cand = torch.tensor([0]), torch.tensor([[1, 2, 3, 99]])
+    kinds = torch.tensor([[2, 2, 1, 0]], dtype=torch.uint8)  # 3 is a negative (ignored), 99 padding (not read)
+    out = lic_pull(x, anchors, cand, kinds)
+    assert float(out.detach()) == pytest.approx(1.0 - (math.cos(0.3) + 0.0) / 2, rel=1e-6)
+    out.sum().backward()
+    # d/dx0 of -(<f0, f1> + <f0, f2>) / 2 at |x0| = 1: -(m - f0 <f0, m>), m = (f1 + f2) / 2
+    m = torch.tensor([math.cos(0.3), math.sin(0.3) + 1.0]) / 2
+    assert torch.allclose(x.grad[0], -(m - torch.tensor([1.0, 0.0]) * m[0]), atol=1e-6)
+    assert x.grad[3].abs().sum() == 0
+    with pytest.raises(RuntimeError, match="lic_pull: an anchor or a used candidate is outside"):
+        lic_pull(x.detach(), anchors, cand, torch.tensor([[2, 2, 1, 2]], dtype=torch.uint8))

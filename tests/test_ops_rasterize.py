@@ -74,7 +74,7 @@ def test_native_matches_reference(C, W, H, use_bg, tile):
 
 
 @pytest.mark.parametrize("C,cg,use_bg", [(19, 3, True), (19, 3, False), (35, 3, False), (16, 0, True), (32, 5, True),
-                                        (5, 2, False)])
+                                        (5, 2, False), (11, 3, True), (11, 3, False), (8, 0, False)])
 def test_geometry_channels_match_the_reference_with_detached_weights(C, cg, use_bg):
     """geometry_channels = cg: the channels from cg on reach the geometry with no gradient (the reference composites
     them with detached weights); values, their feature / background gradients and the geometry gradients of the

@@ -10,13 +10,15 @@
 namespace rh3dgs {
 
 // Calls fn(std::integral_constant<int, CT>{}) with CT = C for the common counts, else CT = 0.
-// 19 and 35: RGB composited together with 16 or 32 latent channels (the viewer's frames).
+// 11, 19 and 35: RGB composited together with 8, 16 or 32 latent channels (11: ns-train's rh3dgs-lite, whose
+// latents have 8 dimensions; 19 / 35: the viewer's frames and rh3dgs).
 template <typename Fn>
 decltype(auto) dispatch_channels(int64_t C, Fn&& fn) {
   switch (C) {
     case 1: return fn(std::integral_constant<int, 1>{});
     case 3: return fn(std::integral_constant<int, 3>{});
     case 8: return fn(std::integral_constant<int, 8>{});
+    case 11: return fn(std::integral_constant<int, 11>{});
     case 16: return fn(std::integral_constant<int, 16>{});
     case 19: return fn(std::integral_constant<int, 19>{});
     case 32: return fn(std::integral_constant<int, 32>{});

@@ -1,5 +1,9 @@
-// CPU backend of the LIC multi-positive InfoNCE (contract in csrc/ext.cpp; CUDA twin in
-// csrc/cuda/lic.cu; torch reference rh3dgs.ops._ref._ref_lic_infonce).
+// CPU backend of the LIC multi-positive InfoNCE and of LIC's pull form (contracts in csrc/ext.cpp; CUDA twin
+// of the InfoNCE in csrc/cuda/lic.cu; torch references rh3dgs.ops._ref._ref_lic_infonce / _ref_lic_pull).
+//
+// The pull form, loss_a = 1 - mean_{kind = 2} <f_a, f_j>, has the same local derivatives
+// (d_sim = -1 / |P| on positives, 0 elsewhere; d_anchor = sum_k d_sim f_j = -mean of the positives),
+// so both forms share one backward, lic_infonce_bwd. Its forward reads only the positives' rows.
 //
 // For anchor a with candidates j = cand[a, k] of kind 1 (negative) or 2 (positive), kind 0 ignored:
 //   f = x / max(|x|, 1e-12)  (F.normalize),  s_aj = <f_a, f_j> / tau
@@ -36,16 +40,17 @@ constexpr int64_t kPrefetch = 8;  // candidates ahead
 // 1 / max(|x|, eps): the scale of F.normalize.
 inline float inv_norm_of(float norm2) { return 1.0f / std::max(std::sqrt(norm2), kNormEps); }
 
-void check_inputs(const at::Tensor& x, const at::Tensor& anchors, const at::Tensor& cand, const at::Tensor& kinds) {
+void check_inputs(const char* op, const at::Tensor& x, const at::Tensor& anchors, const at::Tensor& cand,
+                  const at::Tensor& kinds) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
-              "lic_infonce: features must be a contiguous float32 [N, d]");
+              op, ": features must be a contiguous float32 [N, d]");
   TORCH_CHECK(anchors.dim() == 1 && anchors.scalar_type() == at::kLong && anchors.is_contiguous(),
-              "lic_infonce: anchors must be a contiguous int64 [A]");
+              op, ": anchors must be a contiguous int64 [A]");
   TORCH_CHECK(cand.dim() == 2 && cand.size(0) == anchors.size(0) && cand.scalar_type() == at::kLong &&
                   cand.is_contiguous(),
-              "lic_infonce: candidates must be a contiguous int64 [A, K]");
+              op, ": candidates must be a contiguous int64 [A, K]");
   TORCH_CHECK(kinds.sizes() == cand.sizes() && kinds.scalar_type() == at::kByte && kinds.is_contiguous(),
-              "lic_infonce: kinds must be a contiguous uint8 [A, K]");
+              op, ": kinds must be a contiguous uint8 [A, K]");
   const int64_t N = x.size(0), A = cand.size(0), K = cand.size(1);
   const int64_t* an = anchors.data_ptr<int64_t>();
   const int64_t* cj = cand.data_ptr<int64_t>();
@@ -53,7 +58,7 @@ void check_inputs(const at::Tensor& x, const at::Tensor& anchors, const at::Tens
   bool ok = true;
   for (int64_t a = 0; a < A; ++a) ok &= an[a] >= 0 && an[a] < N;
   for (int64_t i = 0; i < A * K; ++i) ok &= kd[i] <= 2 && (kd[i] == 0 || (cj[i] >= 0 && cj[i] < N));
-  TORCH_CHECK(ok, "lic_infonce: an anchor or a used candidate is outside [0, ", N, ") or a kind is not 0, 1, 2");
+  TORCH_CHECK(ok, op, ": an anchor or a used candidate is outside [0, ", N, ") or a kind is not 0, 1, 2");
 }
 
 template <int CT>
@@ -107,6 +112,44 @@ void lic_fwd_impl(const float* x, const int64_t* an, const int64_t* cj, const ui
   });
 }
 
+// The pull form: per anchor m = sum over its positives of f_j (each row scaled by 1 / |x_j| as it is added), then
+// loss = 1 - <f_a, m> / |P|, d_anchor = -m / |P|, d_sim = -1 / |P| on the positives (0 elsewhere). One pass over
+// the positives' rows, one norm each; kinds 0 and 1 are never read.
+template <int CT>
+void lic_pull_fwd_impl(const float* x, const int64_t* an, const int64_t* cj, const uint8_t* kd, int64_t A, int64_t K,
+                       int64_t d_rt, float* loss, float* fa_out, float* dfa_out, float* ds_out) {
+  const int64_t d = CT > 0 ? CT : d_rt;
+  at::parallel_for(0, A, 64, [&](int64_t a0, int64_t a1) {
+    std::vector<float> tmp(d), m(d);
+    for (int64_t a = a0; a < a1; ++a) {
+      const int64_t* ca = cj + a * K;
+      const uint8_t* ka = kd + a * K;
+      for (int64_t k = 0; k < std::min(K, kPrefetch); ++k) {
+        if (ka[k] == 2) __builtin_prefetch(x + ca[k] * d);
+      }
+      std::fill(m.begin(), m.end(), 0.0f);
+      int64_t npos = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        if (k + kPrefetch < K && ka[k + kPrefetch] == 2) __builtin_prefetch(x + ca[k + kPrefetch] * d);
+        if (ka[k] != 2) continue;
+        const float* xj = x + ca[k] * d;
+        axpy<CT>(m.data(), inv_norm_of(dot<CT>(xj, xj, tmp.data(), d)), xj, d);
+        ++npos;
+      }
+      const float* xa = x + an[a] * d;
+      float* fa = fa_out + a * d;
+      const float ia = inv_norm_of(dot<CT>(xa, xa, tmp.data(), d));
+      for (int64_t c = 0; c < d; ++c) fa[c] = xa[c] * ia;
+      const float inv_npos = npos > 0 ? 1.0f / (float)npos : 0.0f;
+      loss[a] = npos > 0 ? 1.0f - dot<CT>(fa, m.data(), tmp.data(), d) * inv_npos : 0.0f;
+      float* dfa = dfa_out + a * d;
+      for (int64_t c = 0; c < d; ++c) dfa[c] = -m[c] * inv_npos;
+      float* ds = ds_out + a * K;
+      for (int64_t k = 0; k < K; ++k) ds[k] = ka[k] == 2 ? -inv_npos : 0.0f;
+    }
+  });
+}
+
 template <int CT>
 void lic_bwd_impl(const float* x, const int64_t* an, const int64_t* cj, const uint8_t* kd, const float* fa,
                   const float* dfa, const float* ds, const float* g, int64_t N, int64_t A, int64_t K, int64_t d_rt,
@@ -151,28 +194,49 @@ void lic_bwd_impl(const float* x, const int64_t* an, const int64_t* cj, const ui
   });
 }
 
+template <bool PULL>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lic_fwd_cpu(const at::Tensor& features,
+                                                                       const at::Tensor& anchors,
+                                                                       const at::Tensor& candidates,
+                                                                       const at::Tensor& kinds, double inv_temperature) {
+  check_inputs(PULL ? "lic_pull" : "lic_infonce", features, anchors, candidates, kinds);
+  const int64_t A = candidates.size(0), K = candidates.size(1), d = features.size(1);
+  auto loss = at::empty({A}, features.options()), fa = at::empty({A, d}, features.options());
+  auto dfa = at::empty({A, d}, features.options()), ds = at::empty({A, K}, features.options());
+  dispatch_channels(d, [&](auto ct) {
+    constexpr int CT = decltype(ct)::value;
+    if constexpr (PULL) {
+      lic_pull_fwd_impl<CT>(features.data_ptr<float>(), anchors.data_ptr<int64_t>(), candidates.data_ptr<int64_t>(),
+                            kinds.data_ptr<uint8_t>(), A, K, d, loss.data_ptr<float>(), fa.data_ptr<float>(),
+                            dfa.data_ptr<float>(), ds.data_ptr<float>());
+    } else {
+      lic_fwd_impl<CT>(features.data_ptr<float>(), anchors.data_ptr<int64_t>(), candidates.data_ptr<int64_t>(),
+                       kinds.data_ptr<uint8_t>(), A, K, d, (float)inv_temperature, loss.data_ptr<float>(),
+                       fa.data_ptr<float>(), dfa.data_ptr<float>(), ds.data_ptr<float>());
+    }
+  });
+  return {loss, fa, dfa, ds};
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lic_infonce_fwd_cpu(const at::Tensor& features,
                                                                                const at::Tensor& anchors,
                                                                                const at::Tensor& candidates,
                                                                                const at::Tensor& kinds,
                                                                                double inv_temperature) {
-  check_inputs(features, anchors, candidates, kinds);
-  const int64_t A = candidates.size(0), K = candidates.size(1), d = features.size(1);
-  auto loss = at::empty({A}, features.options()), fa = at::empty({A, d}, features.options());
-  auto dfa = at::empty({A, d}, features.options()), ds = at::empty({A, K}, features.options());
-  dispatch_channels(d, [&](auto ct) {
-    lic_fwd_impl<decltype(ct)::value>(features.data_ptr<float>(), anchors.data_ptr<int64_t>(),
-                                      candidates.data_ptr<int64_t>(), kinds.data_ptr<uint8_t>(), A, K, d,
-                                      (float)inv_temperature, loss.data_ptr<float>(), fa.data_ptr<float>(),
-                                      dfa.data_ptr<float>(), ds.data_ptr<float>());
-  });
-  return {loss, fa, dfa, ds};
+  return lic_fwd_cpu<false>(features, anchors, candidates, kinds, inv_temperature);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lic_pull_fwd_cpu(const at::Tensor& features,
+                                                                            const at::Tensor& anchors,
+                                                                            const at::Tensor& candidates,
+                                                                            const at::Tensor& kinds) {
+  return lic_fwd_cpu<true>(features, anchors, candidates, kinds, 1.0);
 }
 
 at::Tensor lic_infonce_bwd_cpu(const at::Tensor& features, const at::Tensor& anchors, const at::Tensor& candidates,
                                const at::Tensor& kinds, const at::Tensor& anchor_feats, const at::Tensor& d_anchor,
                                const at::Tensor& d_sim, const at::Tensor& grad_loss) {
-  check_inputs(features, anchors, candidates, kinds);
+  check_inputs("lic_infonce_bwd", features, anchors, candidates, kinds);
   const int64_t N = features.size(0), A = candidates.size(0), K = candidates.size(1), d = features.size(1);
   TORCH_CHECK(anchor_feats.sizes() == d_anchor.sizes() && anchor_feats.size(0) == A && anchor_feats.size(1) == d &&
                   d_sim.sizes() == candidates.sizes() && grad_loss.numel() == A,
@@ -196,6 +260,7 @@ at::Tensor lic_infonce_bwd_cpu(const at::Tensor& features, const at::Tensor& anc
 
 TORCH_LIBRARY_IMPL(rh3dgs, CPU, m) {
   m.impl("lic_infonce_fwd", &lic_infonce_fwd_cpu);
+  m.impl("lic_pull_fwd", &lic_pull_fwd_cpu);
   m.impl("lic_infonce_bwd", &lic_infonce_bwd_cpu);
 }
 

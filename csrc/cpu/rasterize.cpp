@@ -227,6 +227,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
   // (in registers). Either way the blocks' feature gradients are gb below.
   const bool v16 = kHead == 0 && kBlocks > 0 && geo_all;
   const bool split = kHead > 0 && kBlocks > 0 && CG == kHead;
+  // otherwise, with a compiled count, the two common geometry splits get compile-time trip counts too:
+  // RGB + latents (CG = 3, e.g. rh3dgs-lite's 3 + 8) and latents alone (CG = 0)
+  constexpr int64_t kRGB = 3;
   const int64_t TH = isect_offsets.size(1), TW = isect_offsets.size(2);
   const int64_t n_isects = flatten_ids.numel();
   // Per-intersection gradient rows: [xy(2), conic(3), opacity(1), depth(1), features(C)].
@@ -352,6 +355,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
             } else if (split) {
               v_a = channels_bwd<kHead>(gf, rprod.data(), buf, f, v_out, w, T, ra, kHead);
               for (int u = 0; u < kBlocks; ++u) gb[u] += w * load16(v_out + kHead + 16 * u);
+            } else if (CT > 0 && CG == kRGB) {  // RGB shapes the geometry, the latents only their features
+              v_a = channels_bwd<kRGB>(gf, rprod.data(), buf, f, v_out, w, T, ra, kRGB);
+#pragma omp simd
+              for (int64_t c = kRGB; c < (CT > 0 ? CT : C); ++c) gf[c] += w * v_out[c];
+            } else if (CT > 0 && CG == 0) {  // features alone on fixed geometry (distill)
+              v_a = 0.0f;
+#pragma omp simd
+              for (int64_t c = 0; c < (CT > 0 ? CT : C); ++c) gf[c] += w * v_out[c];
             } else {  // the first CG channels as above; the others need only their feature gradient
               v_a = channels_bwd<0>(gf, rprod.data(), buf, f, v_out, w, T, ra, CG);
 #pragma omp simd

@@ -349,12 +349,13 @@ class Rh3dgsModel(SplatfactoCPUModel):
             loss, _ = obj(self.step, *self._objective_inputs(outputs, batch))
             losses["semantic_loss"] = loss
         if self.training and obj.lic is not None and self.step >= obj.lic.cfg.warmup_steps:
-            lat = self.semantic_latents(self.latents)
+            lat = self.latents  # LIC is scale-invariant per row: the stored latents, not their unit rows
             live = torch.nonzero((lat.detach() != 0).any(-1)).flatten()
+            subset = None if live.numel() == lat.shape[0] else live  # every Gaussian has a feature: no gather
             # LIC's appearance positives read the colours only when its graph is rebuilt
             due = obj.lic.needs_refresh(self.step, int(live.numel()))
             colors = self.gaussians_for_render(detach=True).base_colors if due else None
-            losses["lic_loss"] = obj.contrast(self.step, lat, self.decoder, self.means, subset=live, colors=colors)
+            losses["lic_loss"] = obj.contrast(self.step, lat, self.decoder, self.means, subset=subset, colors=colors)
         return losses
 
     @torch.no_grad()

@@ -16,7 +16,7 @@ ALPHA_MAX = 0.999
 T_MIN = 1e-4
 
 __all__ = ["_ref_project_gaussians", "_ref_sh_colors", "_ref_rasterize_to_pixels", "_ref_aggregate_sphere", "_ref_tile_contributions", "_ref_isect_tiles",
-           "_ref_relevancy", "_ref_lic_infonce", "_ref_guided_upsample"]
+           "_ref_relevancy", "_ref_lic_infonce", "_ref_lic_pull", "_ref_guided_upsample"]
 
 
 @torch.no_grad()
@@ -46,6 +46,21 @@ def _ref_lic_infonce(features: Tensor, anchors: Tensor, candidates: Tensor, kind
     npos = pos.sum(1)
     per_anchor = -((sim - lse).masked_fill(~pos, 0.0)).sum(1) / npos.clamp_min(1)
     return per_anchor.masked_fill(npos == 0, 0.0)
+
+
+def _ref_lic_pull(features: Tensor, anchors: Tensor, candidates: Tensor, kinds: Tensor) -> Tensor:
+    """Reference of ``lic_pull`` (differentiable by autograd): per-anchor loss [A].
+
+    f = F.normalize(features); loss_a = 1 - mean_{kind = 2} <f_a, f_j> = 1 - <f_a, mean of the positives>, 0 without
+    positives (kind 1 entries are not read). The positives' mean is one ``index_add`` of the gathered rows.
+    """
+    f = torch.nn.functional.normalize(features, dim=-1)
+    pos = kinds == 2
+    npos = pos.sum(1)
+    rows = torch.arange(anchors.shape[0], device=f.device)[:, None].expand_as(candidates)[pos]  # [P]
+    share = (1.0 / npos.clamp_min(1).to(f.dtype))[rows, None]
+    mean_pos = f.new_zeros(anchors.shape[0], f.shape[1]).index_add(0, rows, f[candidates[pos]] * share)  # [A, d]
+    return (1.0 - (f[anchors] * mean_pos).sum(-1)).masked_fill(npos == 0, 0.0)
 
 
 def _ref_project_gaussians(means: Tensor, quats: Tensor, scales: Tensor, viewmats: Tensor, Ks: Tensor, width: int,
