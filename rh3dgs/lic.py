@@ -326,8 +326,7 @@ class LICLoss:
             col = colors.detach().float().to(features.device)
             if not torch.isfinite(col).all():
                 raise NonFiniteError("LICLoss: colors contain NaN/Inf")
-            self.colors, labels = col, None
-            pos = valid & ((col[nbr.clamp_min(0)] - col[:, None]).norm(dim=-1) < c.color_threshold)
+            self.colors, self.labels = col, None
         else:
             if self.center is not None:
                 features = F.normalize(F.normalize(features.detach().float(), dim=-1) - self.center, dim=-1)
@@ -336,9 +335,9 @@ class LICLoss:
                 positions=means if c.cluster_position_weight > 0 else None,
                 position_weight=c.cluster_position_weight, max_points=c.kmeans_max_points,
             ).to(features.device)
-            self.colors = None
-            pos = valid & (labels[nbr.clamp_min(0)] == labels[:, None])
-        self.nbr_idx, self.labels, self.positive = nbr, labels, pos
+            self.colors, self.labels = None, labels
+        pos = valid & self._same_instance(torch.arange(means.shape[0], device=nbr.device), nbr.clamp_min(0))
+        self.nbr_idx, self.positive = nbr, pos
         self.eligible = torch.nonzero(pos.any(1)).flatten()
         self.last_refresh = int(step)
 

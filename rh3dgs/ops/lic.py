@@ -64,14 +64,6 @@ def _checked(op: str, features: Tensor, anchors: Tensor, candidates: Tensor, kin
             kinds.to(dev, torch.uint8).contiguous())
 
 
-def _check_indices(op: str, N: int, anchors: Tensor, candidates: Tensor, kinds: Tensor) -> None:
-    """Off the CPU (whose kernels check indices themselves; a CUDA kernel cannot raise): one device sync."""
-    used = candidates[kinds > 0]
-    bad = ((anchors < 0) | (anchors >= N)).any() | ((used < 0) | (used >= N)).any() | (kinds > 2).any()
-    if bool(bad):
-        raise ShapeError(f"{op}: an anchor or a used candidate is outside [0, {N}) or a kind is not 0, 1, 2")
-
-
 def lic_infonce(features: Tensor, anchors: Tensor, candidates: Tensor, kinds: Tensor, temperature: float) -> Tensor:
     """Per-anchor multi-positive InfoNCE.
 
@@ -88,8 +80,12 @@ def lic_infonce(features: Tensor, anchors: Tensor, candidates: Tensor, kinds: Te
     dev = features.device
     if features.dtype != torch.float32 or not has_native_kernel("lic_infonce_fwd", dev):
         return _ref_lic_infonce(features, anchors, candidates, kinds, temperature)
-    if dev.type != "cpu":
-        _check_indices("lic_infonce", features.shape[0], anchors, candidates, kinds)
+    if dev.type != "cpu":  # the CPU kernel checks indices itself; a CUDA kernel cannot raise
+        N = features.shape[0]
+        used = candidates[kinds > 0]
+        bad = ((anchors < 0) | (anchors >= N)).any() | ((used < 0) | (used >= N)).any() | (kinds > 2).any()
+        if bool(bad):  # one device sync
+            raise ShapeError(f"lic_infonce: an anchor or a used candidate is outside [0, {N}) or a kind is not 0, 1, 2")
     return _LicNative.apply(features.contiguous(), anchors, candidates, kinds, 1.0 / float(temperature))
 
 
