@@ -11,7 +11,7 @@ DEPS_STAMP := $(VENV)/.deps-installed
 EXT_STAMP := $(VENV)/.rh3dgs-built
 # system packages (apt-get, sudo when not root) and the npm browser driver, only where missing
 SETUP := scripts/setup_system.sh
-NATIVE_SRC := $(wildcard csrc/*.cpp csrc/*.h csrc/cpu/*.cpp csrc/cuda/*.cu)
+NATIVE_SRC := $(wildcard csrc/*.cpp csrc/*.h csrc/cpu/*.cpp csrc/cpu/*.h csrc/cuda/*.cu csrc/cuda/*.h csrc/cuda/*.cuh)
 # CUDA kernels: auto = when a GPU and nvcc are present (see setup.py)
 RH3DGS_BUILD_CUDA ?= auto
 export RH3DGS_BUILD_CUDA

@@ -45,6 +45,7 @@ import copy
 import dataclasses
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -53,13 +54,16 @@ from pathlib import Path
 from typing import Iterator, Optional, Sequence, Tuple
 
 import torch
+from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import entry, machine, peak_rss_mb, run_isolated, write_results  # noqa: E402
 
 ITERS, WARMUP = 300, 10
 ROUNDS = 3  # interleaved (splatfacto, rh3dgs) pairs per image size
-VIEWS, SIZES, DENSITY = 12, (64, 256), 300.0  # ~4k seed points (the synthetic scene's Gaussian centres)
+VIEWS, SIZES, DENSITY = 12, (256,), 300.0  # ~4k seed points (the synthetic scene's Gaussian centres)
+FOX_GAUSSIANS, FOX_ITERS = 50_000, 70  # the fox row: seed points, iterations (the first WARMUP not timed)
+TARGET_RATIO = 1.3  # issue 21: rh3dgs-lite / splatfacto per iteration, at 256x256 and on the fox
 LABELS = {
     "rh3dgs": "rh3dgs (rh3dgs-lite preset)",
     "splatfacto:cuda": "splatfacto (nerfstudio)",
@@ -172,11 +176,43 @@ def _setup_shims(cuda: bool) -> Iterator[Optional[str]]:
             setattr(owner, name, value)
 
 
+def _setup_trainer(method: str, data: Path, out: Path, device: str, iters: int, edit=None):
+    """nerfstudio's Trainer of ``method`` on ``data``, set up (``edit``: changes to its config first); and
+    why the seed PLY was not read by open3d (None: it was)."""
+    with _setup_shims(device == "cuda") as ply_fallback:
+        config = method_config(method, Path(data), Path(out), device, iters)
+        if edit is not None:
+            edit(config)
+        trainer = config.setup(local_rank=0, world_size=1)
+        trainer.setup()
+    return trainer, ply_fallback
+
+
+def _train_step(trainer, step: int) -> Tensor:
+    """nerfstudio's Trainer.train() loop body, the part its ITER_TRAIN_TIME times; the loss."""
+    from nerfstudio.engine.callbacks import TrainingCallbackLocation
+
+    trainer.step = step
+    trainer.pipeline.train()
+    for cb in trainer.callbacks:
+        cb.run_callback_at_location(step, location=TrainingCallbackLocation.BEFORE_TRAIN_ITERATION)
+    loss, _, _ = trainer.train_iteration(step)
+    for cb in trainer.callbacks:
+        cb.run_callback_at_location(step, location=TrainingCallbackLocation.AFTER_TRAIN_ITERATION)
+    return loss
+
+
+def _timings(method: str, device: str, times, cpu_times, warmup: int) -> dict:
+    timed, cpu_timed = times[warmup:], cpu_times[warmup:]
+    return {"method": method, "device": device, "iters": len(times), "warmup": warmup,
+            "label": LABELS.get(method if method == "rh3dgs" else f"{method}:{device if device == 'cuda' else 'cpu'}"),
+            "mean_ms": 1000 * statistics.fmean(timed), "median_ms": 1000 * statistics.median(timed),
+            "min_ms": 1000 * min(timed), "max_ms": 1000 * max(timed), "cpu_mean_ms": 1000 * statistics.fmean(cpu_timed)}
+
+
 def measure_training(method: str, data: Path, iters: int = ITERS, warmup: int = WARMUP, device: str = "cpu",
                      out: Optional[Path] = None) -> dict:
     """Train ``method`` for ``iters`` iterations in this process; per-iteration times (see module docstring)."""
-    from nerfstudio.engine.callbacks import TrainingCallbackLocation
-
     if warmup >= iters:
         raise ValueError(f"warmup ({warmup}) must be < iters ({iters})")
     cuda = device == "cuda"
@@ -188,9 +224,7 @@ def measure_training(method: str, data: Path, iters: int = ITERS, warmup: int = 
         torch.cuda.reset_peak_memory_stats()
     rss0 = peak_rss_mb()
     t0 = time.perf_counter()
-    with _setup_shims(cuda) as ply_fallback:
-        trainer = method_config(method, Path(data), Path(out), device, iters).setup(local_rank=0, world_size=1)
-        trainer.setup()
+    trainer, ply_fallback = _setup_trainer(method, data, out, device, iters)
     setup_s = time.perf_counter() - t0
     model = trainer.pipeline.model
     n0 = int(model.num_points)
@@ -200,27 +234,16 @@ def measure_training(method: str, data: Path, iters: int = ITERS, warmup: int = 
             torch.cuda.synchronize()
 
     times, cpu_times = [], []
-    for step in range(iters):  # nerfstudio's Trainer.train() loop body, the part its ITER_TRAIN_TIME times
+    for step in range(iters):
         sync()
         t, c = time.perf_counter(), time.process_time()
-        trainer.step = step
-        trainer.pipeline.train()
-        for cb in trainer.callbacks:
-            cb.run_callback_at_location(step, location=TrainingCallbackLocation.BEFORE_TRAIN_ITERATION)
-        loss, _, _ = trainer.train_iteration(step)
-        for cb in trainer.callbacks:
-            cb.run_callback_at_location(step, location=TrainingCallbackLocation.AFTER_TRAIN_ITERATION)
+        loss = _train_step(trainer, step)
         sync()
         times.append(time.perf_counter() - t)
         cpu_times.append(time.process_time() - c)
         if not torch.isfinite(loss):
             raise RuntimeError(f"{method}: non-finite loss at step {step}")
-    timed, cpu_timed = times[warmup:], cpu_times[warmup:]
-    res = {"method": method, "label": LABELS.get(method if method == "rh3dgs" else f"{method}:{'cuda' if cuda else 'cpu'}"),
-           "device": device, "iters": iters, "warmup": warmup,
-           "mean_ms": 1000 * statistics.fmean(timed), "median_ms": 1000 * statistics.median(timed),
-           "min_ms": 1000 * min(timed), "max_ms": 1000 * max(timed), "cpu_mean_ms": 1000 * statistics.fmean(cpu_timed),
-           "setup_s": setup_s,
+    res = {**_timings(method, device, times, cpu_times, warmup), "setup_s": setup_s,
            "gaussians_start": n0, "gaussians_end": int(model.num_points), "final_loss": float(loss.detach()),
            "peak_rss_mb": peak_rss_mb(), "peak_rss_before_setup_mb": rss0,
            "cuda_peak_allocated_mb": torch.cuda.max_memory_allocated() / 2 ** 20 if cuda else None,
@@ -232,14 +255,116 @@ def measure_training(method: str, data: Path, iters: int = ITERS, warmup: int = 
     return res
 
 
+def fox_seeded(ns: Path, out: Path, n: int = FOX_GAUSSIANS, seed: int = 0) -> Path:
+    """The COLMAP'd fox dataset ``ns`` with ``n`` seed points: COLMAP's points and, for the rest, copies of random
+    ones moved by N(0, (s / 2)^2) per axis (s: the point's mean distance to its 3 nearest neighbours, scipy's
+    cKDTree), with their colours; the images linked, not copied. The scale of a densified splat from the start."""
+    import numpy as np
+    from plyfile import PlyData, PlyElement
+    from scipy.spatial import cKDTree
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "images").symlink_to(ns.resolve() / "images")
+    shutil.copy(ns / "transforms.json", out / "transforms.json")
+    v = PlyData.read(str(ns / "sparse_pc.ply"))["vertex"]
+    xyz = np.stack([v["x"], v["y"], v["z"]], -1).astype(np.float64)
+    rgb = np.stack([v["red"], v["green"], v["blue"]], -1)
+    s = cKDTree(xyz).query(xyz, k=4)[0][:, 1:].mean(1)
+    rng = np.random.default_rng(seed)
+    pick = rng.integers(0, len(xyz), max(0, n - len(xyz)))
+    pts = np.concatenate([xyz, xyz[pick] + rng.normal(size=(len(pick), 3)) * (s[pick, None] / 2)])
+    cols = np.concatenate([rgb, rgb[pick]])
+    arr = np.empty(len(pts), dtype=[("x", "<f4"), ("y", "<f4"), ("z", "<f4"), ("red", "u1"), ("green", "u1"),
+                                    ("blue", "u1")])
+    for i, k in enumerate("xyz"):
+        arr[k] = pts[:, i]
+    for i, k in enumerate(("red", "green", "blue")):
+        arr[k] = cols[:, i]
+    PlyData([PlyElement.describe(arr, "vertex")]).write(str(out / "sparse_pc.ply"))
+    return out
+
+
+def _fox_config(teacher_cache: Path):
+    def edit(c):
+        if hasattr(c.pipeline.datamanager, "teacher"):  # rh3dgs's data manager (not nerfstudio's splatfacto)
+            c.pipeline.datamanager.teacher.name = "tiny-clip"  # no features folder: the teacher at set-up
+            c.pipeline.datamanager.teacher_cache_dir = teacher_cache
+        if getattr(c.pipeline.model, "semantics", False):
+            c.pipeline.model.init = "random"  # not the lift: that is the start of training, not an iteration
+    return edit
+
+
+def measure_pair(data: Path, iters: int = FOX_ITERS, warmup: int = WARMUP, device: str = "cpu") -> dict:
+    """splatfacto and rh3dgs trained in this one interpreter, their iterations interleaved (splatfacto's step s,
+    rh3dgs's step s, ...): both see the same minutes of a shared machine. Per method the timings of
+    :func:`measure_training` (peak RSS: the two together)."""
+    with tempfile.TemporaryDirectory(prefix="rh3dgs_bench_nstrain_") as tmp:
+        edit = _fox_config(Path(tmp) / "teacher_cache")
+        trainers, setup = {}, {}
+        for m in ("splatfacto", "rh3dgs"):
+            t0 = time.perf_counter()
+            trainers[m] = _setup_trainer(m, data, Path(tmp) / m, device, iters, edit)[0]
+            setup[m] = time.perf_counter() - t0
+        n0 = {m: int(t.pipeline.model.num_points) for m, t in trainers.items()}
+        times = {m: ([], []) for m in trainers}
+        for step in range(iters):
+            for m, trainer in trainers.items():
+                t, c = time.perf_counter(), time.process_time()
+                loss = _train_step(trainer, step)
+                times[m][0].append(time.perf_counter() - t)
+                times[m][1].append(time.process_time() - c)
+                if not torch.isfinite(loss):
+                    raise RuntimeError(f"{m}: non-finite loss at step {step}")
+        return {m: {**_timings(m, device, *times[m], warmup), "setup_s": setup[m], "gaussians_start": n0[m],
+                    "gaussians_end": int(t.pipeline.model.num_points), "peak_rss_mb": peak_rss_mb(),
+                    "threads": torch.get_num_threads()}
+                for m, t in trainers.items()}
+
+
 def measure(spec: str) -> dict:
-    """Child of :func:`run_isolated`: ``spec`` is JSON ``{"method", "data", "iters", "warmup", "device"}``."""
+    """Child of :func:`run_isolated`: ``spec`` is JSON ``{"method", "data", "iters", "warmup", "device"}``
+    (method "pair": :func:`measure_pair`)."""
     kw = json.loads(spec)
+    if kw["method"] == "pair":
+        return measure_pair(Path(kw["data"]), kw["iters"], kw["warmup"], kw["device"])
     return measure_training(kw["method"], Path(kw["data"]), kw["iters"], kw["warmup"], kw["device"])
 
 
+def fox_row(device: str, warmup: int = WARMUP) -> Tuple[Optional[dict], str]:
+    """The real fox photos (``shared/realdata``, 4x downscaled, COLMAP'd by bench_real) with FOX_GAUSSIANS seed points
+    (:func:`fox_seeded`): both methods in one child interpreter, iterations interleaved (:func:`measure_pair`).
+    Returns the row (None when the data is missing) and a sentence on how it was measured or why not."""
+    from bench_real import fox_dataset, realdata_dir
+
+    root = realdata_dir()
+    ns = fox_dataset(root) if root is not None else None
+    if ns is None:
+        return None, ("fox row skipped: " + ("shared/realdata not found (set RH3DGS_REALDATA)" if root is None
+                                             else "ns-process-data (COLMAP) gave no dataset"))
+    size = json.loads((ns / "transforms.json").read_text())
+    with tempfile.TemporaryDirectory(prefix="rh3dgs_bench_nstrain_fox_") as tmp:
+        data = fox_seeded(ns, Path(tmp) / "fox")
+        pair = run_isolated(__file__, ["--only", json.dumps({"method": "pair", "data": str(data), "iters": FOX_ITERS,
+                                                             "warmup": warmup, "device": device})])
+    ours, base = pair["rh3dgs"], pair["splatfacto"]
+    from plyfile import PlyData
+
+    colmap_points = PlyData.read(str(ns / "sparse_pc.ply"))["vertex"].count
+    row = {"label": f"fox {size['w']}x{size['h']}", "baseline": base, "rh3dgs": ours,
+           "ratio_rh3dgs_to_splatfacto": ours["mean_ms"] / base["mean_ms"],
+           "ratio_median": ours["median_ms"] / base["median_ms"], "ratio_cpu_time": ours["cpu_mean_ms"] / base["cpu_mean_ms"],
+           "ratio_per_round": []}
+    note = (f"fox: the {len(size['frames'])} real photos 4x downscaled ({size['w']}x{size['h']}, bench_real's COLMAP poses), "
+            f"{FOX_GAUSSIANS:,} seed points (COLMAP's {colmap_points:,} and jittered copies: "
+            "`fox_seeded`, the size of a densified splat), teacher tiny-clip (random-initialised open_clip), "
+            f"the latents initialised at random (the lift at the start, ~50 s at this size, is not an iteration); "
+            f"{FOX_ITERS} iterations of both methods in one interpreter, interleaved step by step (one set-up each), "
+            f"mean over iterations {warmup}..{FOX_ITERS - 1}; peak RSS of the two together")
+    return row, note
+
+
 def main(iters: int = ITERS, warmup: int = WARMUP, device: Optional[str] = None,
-         sizes: Optional[Sequence[int]] = None) -> dict:
+         sizes: Optional[Sequence[int]] = None, fox: bool = True) -> dict:
     device = device or default_device()
     sizes = tuple(sizes or default_sizes())
     t0 = time.time()
@@ -254,20 +379,25 @@ def main(iters: int = ITERS, warmup: int = WARMUP, device: Optional[str] = None,
                        for m in ("splatfacto", "rh3dgs")} for _ in range(ROUNDS)]
         ours, base = _median_run([r["rh3dgs"] for r in rounds]), _median_run([r["splatfacto"] for r in rounds])
         ratio = lambda key: statistics.median(r["rh3dgs"][key] / r["splatfacto"][key] for r in rounds)  # noqa: E731
-        per_size[size] = {"baseline": base, "rh3dgs": ours, "rounds": rounds,
-                          "ratio_rh3dgs_to_splatfacto": ratio("mean_ms"), "ratio_median": ratio("median_ms"),
-                          "ratio_cpu_time": ratio("cpu_mean_ms"),
-                          "ratio_per_round": [r["rh3dgs"]["mean_ms"] / r["splatfacto"]["mean_ms"] for r in rounds]}
-    payload = {"setting": {"views": VIEWS, "sizes": list(sizes), "iters": iters, "warmup": warmup, "device": device},
+        per_size[f"{size}x{size}"] = {
+            "baseline": base, "rh3dgs": ours, "rounds": rounds, "ratio_rh3dgs_to_splatfacto": ratio("mean_ms"),
+            "ratio_median": ratio("median_ms"), "ratio_cpu_time": ratio("cpu_mean_ms"),
+            "ratio_per_round": [r["rh3dgs"]["mean_ms"] / r["splatfacto"]["mean_ms"] for r in rounds]}
+    fox = fox and os.environ.get("RH3DGS_BENCH_NSTRAIN_FOX", "1") != "0"
+    fox, fox_note = fox_row(device, warmup) if fox else (None, "fox row not run (RH3DGS_BENCH_NSTRAIN_FOX=0)")
+    if fox is not None:
+        per_size[fox.pop("label")] = fox
+    payload = {"setting": {"views": VIEWS, "sizes": list(sizes), "iters": iters, "warmup": warmup, "device": device,
+                           "fox": fox_note},
                "sizes": {str(k): v for k, v in per_size.items()}, "seconds": time.time() - t0, "machine": machine()}
     gpu = device == "cuda"
 
-    def row(size, r):
-        cells = [f"{size}x{size}", r["label"], f"{r['mean_ms']:.1f}", f"{r['median_ms']:.1f}",
+    def row(label, r):
+        cells = [label, r["label"], f"{r['mean_ms']:.1f}", f"{r['median_ms']:.1f}",
                  f"{r['cpu_mean_ms']:.1f}",
                  f"{r['gaussians_start']} -> {r['gaussians_end']}", f"{r['setup_s']:.1f}", f"{r['peak_rss_mb']:.0f}"]
         if gpu:
-            cells.append(f"{r['cuda_peak_allocated_mb']:.0f}")
+            cells.append(f"{r['cuda_peak_allocated_mb']:.0f}" if r.get("cuda_peak_allocated_mb") is not None else "-")
         return "| " + " | ".join(cells) + " |"
 
     head = ("| image | method | mean ms/iter | median ms/iter | CPU ms/iter (mean) | Gaussians | setup (s) "
@@ -276,11 +406,13 @@ def main(iters: int = ITERS, warmup: int = WARMUP, device: Optional[str] = None,
     if gpu:
         head, sep = head + " peak GPU alloc (MB) |", sep + "---|"
     rows = "\n".join(row(s_, r[m]) for s_, r in per_size.items() for m in ("baseline", "rh3dgs"))
-    ratios = "\n".join(f"- {s_}x{s_}: **rh3dgs / splatfacto: {r['ratio_rh3dgs_to_splatfacto']:.2f}x** mean time per "
-                       f"iteration ({r['ratio_median']:.2f}x median, {r['ratio_cpu_time']:.2f}x CPU time); per round: "
-                       + ", ".join(f"{x:.2f}x" for x in r["ratio_per_round"])
+    ratios = "\n".join(f"- {s_}: **rh3dgs / splatfacto: {r['ratio_rh3dgs_to_splatfacto']:.2f}x** mean time per "
+                       f"iteration ({r['ratio_median']:.2f}x median, {r['ratio_cpu_time']:.2f}x CPU time)"
+                       + ("; per round: " + ", ".join(f"{x:.2f}x" for x in r["ratio_per_round"])
+                          if r["ratio_per_round"] else "; one interpreter, iterations interleaved")
+                       + (f" (target <= {TARGET_RATIO}x: **{'met' if r['ratio_rh3dgs_to_splatfacto'] <= TARGET_RATIO else 'NOT met'}**)")
                        for s_, r in per_size.items())
-    first = next(iter(per_size.values()))
+    first = next(iter(per_size.values()))  # the synthetic scene's first size
     ours, base = first["rh3dgs"], first["baseline"]
     md = (f"# ns-train: rh3dgs vs splatfacto iteration time ({device})\n\n"
           f"Synthetic scene, {VIEWS} views per image size, {iters} iterations of the rh3dgs-lite schedule "
@@ -293,7 +425,7 @@ def main(iters: int = ITERS, warmup: int = WARMUP, device: Optional[str] = None,
           + (f"Baseline: {base['label']}. " if gpu else
              f"Baseline: {base['label']} - nerfstudio's splatfacto needs CUDA; this is its model, losses and "
              "densification on rh3dgs's CPU rasterizer without latents, decoder or teacher. ")
-          + f"Seed point cloud ({ours['gaussians_start']} points) read by {ours['seed_ply_read_by']}."
+          + f"Seed point cloud ({ours['gaussians_start']} points) read by {ours.get('seed_ply_read_by', 'open3d')}. {fox_note}."
           + f"\n\n{head}\n{sep}\n{rows}\n\n{ratios}\n\n"
           f"1-min load average {os.getloadavg()[0]:.1f} at the end; {payload['seconds']:.0f} s in all\n")
     return write_results("nstrain", payload, md)

@@ -243,6 +243,8 @@ FOX_DOWNSCALE = int(os.environ.get("RH3DGS_BENCH_FOX_DOWNSCALE", "4"))  # 1080x1
 FOX_TRAIN_DOWNSCALE = int(os.environ.get("RH3DGS_BENCH_FOX_TRAIN_DOWNSCALE", "2"))  # images_2: 135x240
 FOX_ITERS = int(os.environ.get("RH3DGS_BENCH_FOX_ITERS", "200"))
 FOX_QUERIES = ("fox", "wallpaper")
+# fox_part's ns-process-data output (outputs/ is not tracked), read by bench_nstrain's fox row
+FOX_CACHE = REPO / "outputs" / "bench_cache" / "fox_ns"
 PSNR_TOLERANCE_DB = 0.5
 
 # Runs one console script (ns-train, rh3dgs...) in this interpreter and writes its peak RSS at exit:
@@ -465,13 +467,58 @@ def _ensure_system() -> Optional[str]:
     return None if p.returncode == 0 else tail[0]
 
 
+def downscale_photos(fox: Path, dest: Path) -> Tuple[list, Tuple[int, int]]:
+    """A FOX_DOWNSCALE-times smaller copy of the fox photos in ``dest`` (the data itself is never edited or
+    copied into the repository): the photos and the copies' (width, height)."""
+    from PIL import Image
+
+    dest.mkdir(parents=True, exist_ok=True)
+    photos = sorted((fox / "images").glob("*.jpg"))
+    for p in photos:
+        with Image.open(p) as im:
+            im.reduce(FOX_DOWNSCALE).save(dest / p.name, quality=95)
+    with Image.open(dest / photos[0].name) as im:
+        return photos, im.size
+
+
+def cache_fox_dataset(ns: Path) -> None:
+    """Keep ``ns`` (ns-process-data's output: the downscaled photos, COLMAP's poses and seed points) as
+    FOX_CACHE for bench_nstrain's fox row, replacing an older copy whole (copied, then renamed)."""
+    FOX_CACHE.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="fox_ns.", dir=FOX_CACHE.parent))
+    shutil.copytree(ns, tmp / "ns", ignore=shutil.ignore_patterns("colmap"))
+    shutil.rmtree(FOX_CACHE, ignore_errors=True)
+    os.replace(tmp / "ns", FOX_CACHE)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def fox_dataset(root: Path) -> Optional[Path]:
+    """The fox as a nerfstudio dataset at 1/FOX_DOWNSCALE (ns-process-data, COLMAP): the copy the last
+    ``fox_part`` kept (FOX_CACHE), else made now (~1.5 min); None if COLMAP did not give one."""
+    if (FOX_CACHE / "transforms.json").is_file():
+        return FOX_CACHE
+    work = Path(tempfile.mkdtemp(prefix="rh3dgs-fox-data-"))
+    try:
+        downscale_photos(root / "fox", work / "images")
+        problem = _ensure_system()
+        if problem:
+            print(f"[fox] set-up: {problem}", flush=True)
+        run_stage(work, "ns-process-data (COLMAP)", "ns-process-data", "images", "--data", "images", "--output-dir",
+                  "ns", "--no-gpu", "--matching-method", "exhaustive", "--num-downscales",
+                  str(int(math.log2(FOX_TRAIN_DOWNSCALE))))
+        if not (work / "ns" / "transforms.json").is_file():
+            return None
+        cache_fox_dataset(work / "ns")
+        return FOX_CACHE
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def fox_part(root: Path, keep: Optional[Path] = None) -> Tuple[Dict, str]:
     """The user path on ``realdata/fox`` on CPU: ns-process-data (COLMAP) -> ns-train rh3dgs-lite and the
     splatfacto baseline (same preset, semantics off: splatfacto on rh3dgs's rasterizer) -> ns-eval ->
     rh3dgs export / extract / lift / query / select / export -> ns-export gaussian-splat; a PNG sheet."""
     import json as _json
-
-    from PIL import Image
 
     fox = root / "fox"
     load = os.getloadavg()[0]
@@ -483,13 +530,7 @@ def fox_part(root: Path, keep: Optional[Path] = None) -> Tuple[Dict, str]:
     import time
 
     t = time.perf_counter()
-    (work / "images").mkdir(exist_ok=True)
-    photos = sorted((fox / "images").glob("*.jpg"))
-    for p in photos:
-        with Image.open(p) as im:
-            im.reduce(FOX_DOWNSCALE).save(work / "images" / p.name, quality=95)
-    with Image.open(work / "images" / photos[0].name) as im:
-        size = im.size
+    photos, size = downscale_photos(fox, work / "images")
     stages.append({"stage": "downscale copy", "command": f"PIL Image.reduce({FOX_DOWNSCALE}) of {len(photos)} photos",
                    "rc": 0, "wall_s": time.perf_counter() - t, "cpu_s": float("nan"), "peak_rss_mb": float("nan")})
     done_file = work / "stages.json"  # with RH3DGS_BENCH_FOX_KEEP: a rerun reuses the stages that succeeded
@@ -511,6 +552,8 @@ def fox_part(root: Path, keep: Optional[Path] = None) -> Tuple[Dict, str]:
         print(f"[fox] set-up: {setup_problem}", flush=True)
     S("ns-process-data (COLMAP)", "ns-process-data", "images", "--data", "images", "--output-dir", "ns", "--no-gpu",
       "--matching-method", "exhaustive", "--num-downscales", str(int(math.log2(FOX_TRAIN_DOWNSCALE))))
+    if (work / "ns" / "transforms.json").is_file():
+        cache_fox_dataset(work / "ns")
     seed = _independent_ply_count(work / "ns" / "sparse_pc.ply") if (work / "ns" / "sparse_pc.ply").is_file() else {}
     frames = len(_json.loads((work / "ns" / "transforms.json").read_text())["frames"]) \
         if (work / "ns" / "transforms.json").is_file() else 0

@@ -98,38 +98,47 @@ inline void axpy(float* __restrict acc, float w, const float* __restrict x, int6
 }
 
 // Per-pixel channel accumulators of one tile row (L pixels x C channels) for the forward
-// compositing. Channels [0, R) with R = C % 16 (RGB in RGB + 16 / 32 latents) are scalars; the
-// channels after them are whole 16-float blocks stored as aligned vectors, one 64-byte line per
-// block and pixel. Adding a contribution is R scalar and C / 16 vector multiply-adds
-// acc += w * f, the same per-channel operation as axpy() (so the sums are the same bits), but
-// without the misaligned, line-crossing loads and stores of a packed [L][C] row. CT > 0 only.
+// compositing. The first R = C % 8 channels (RGB in RGB + 8 / 16 / 32 latents) are scalars; an
+// 8-float block follows when C % 16 >= 8 (e.g. rh3dgs-lite's 8 latents after RGB: C = 11), then the
+// 16-float blocks; each block is stored as an aligned vector per pixel. Adding a contribution is R scalar
+// and one vector multiply-add per block, acc += w * f, the same per-channel operation as axpy() (so
+// the sums are the same bits), without the misaligned, line-crossing loads and stores of a packed
+// [L][C] row; 8 latents as scalars cost 1.5x the whole C = 3 forward at 512x512. CT > 0 only.
+typedef float vf8 __attribute__((vector_size(32)));
+
 template <int CT>
 struct RowAccum {
   static_assert(CT > 0, "compile-time channel count");
-  static constexpr int kR = CT % 16, kV = CT / 16;
+  static constexpr int kR = CT % 8, kE = (CT % 16) / 8, kV = CT / 16;  // scalars, 8-blocks (0 / 1), 16-blocks
   std::vector<float> head;  // [L][kR]
+  std::vector<vf8> eight;   // [L][kE]
   std::vector<vf16> vec;    // [L][kV]
 
-  explicit RowAccum(int64_t L) : head((size_t)L * (kR > 0 ? kR : 1)), vec((size_t)L * (kV > 0 ? kV : 1)) {}
+  explicit RowAccum(int64_t L)
+      : head((size_t)L * (kR > 0 ? kR : 1)), eight((size_t)L * (kE > 0 ? kE : 1)), vec((size_t)L * (kV > 0 ? kV : 1)) {}
   void clear() {
     std::fill(head.begin(), head.end(), 0.0f);
+    std::fill(eight.begin(), eight.end(), vf8{});
     std::fill(vec.begin(), vec.end(), vf16{});
   }
   // One Gaussian's feature row, loaded once per (Gaussian, row) segment: its contributions then
   // read it from registers (it was re-read, unaligned, for every pixel of the segment).
   struct Row {
     float h[kR > 0 ? kR : 1];
+    vf8 e;
     vf16 v[kV > 0 ? kV : 1];
   };
   static inline Row load(const float* __restrict f) {
     Row r;
     for (int c = 0; c < kR; ++c) r.h[c] = f[c];
-    for (int u = 0; u < kV; ++u) r.v[u] = load16(f + kR + 16 * u);
+    if constexpr (kE > 0) std::memcpy(&r.e, f + kR, sizeof(vf8));
+    for (int u = 0; u < kV; ++u) r.v[u] = load16(f + kR + 8 * kE + 16 * u);
     return r;
   }
   inline void add(int64_t l, float w, const Row& f) {
     float* h = head.data() + l * kR;
     for (int c = 0; c < kR; ++c) h[c] += w * f.h[c];
+    if constexpr (kE > 0) eight[l] += w * f.e;
     vf16* v = vec.data() + l * kV;
     for (int u = 0; u < kV; ++u) v[u] += w * f.v[u];
   }
@@ -137,9 +146,19 @@ struct RowAccum {
   // blocks as vector stores (the channel-by-channel copy was a lane extraction per channel).
   inline void store(int64_t l, float* __restrict out, const float* __restrict bg, float T) const {
     for (int c = 0; c < kR; ++c) out[c] = head[l * kR + c] + (bg ? T * bg[c] : 0.0f);
+    if constexpr (kE > 0) {
+      vf8 b{};
+      if (bg) {
+        std::memcpy(&b, bg + kR, sizeof(vf8));
+        b *= T;
+      }
+      const vf8 o = eight[l] + b;
+      std::memcpy(out + kR, &o, sizeof(vf8));
+    }
     for (int u = 0; u < kV; ++u) {
-      const vf16 b = bg ? T * load16(bg + kR + 16 * u) : vf16{};
-      store16(out + kR + 16 * u, vec[l * kV + u] + b);
+      const float* bu = bg ? bg + kR + 8 * kE + 16 * u : nullptr;
+      const vf16 b = bu ? T * load16(bu) : vf16{};
+      store16(out + kR + 8 * kE + 16 * u, vec[l * kV + u] + b);
     }
   }
 };
