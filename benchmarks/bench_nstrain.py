@@ -26,13 +26,22 @@ memory) is its own.
 
     python benchmarks/bench_nstrain.py                # device: CUDA when available, else CPU
     RH3DGS_BENCH_DEVICE=cpu python benchmarks/bench_nstrain.py
-    RH3DGS_BENCH_NSTRAIN_SIZES=256 python benchmarks/bench_nstrain.py   # image sides (default 64,256)
+    RH3DGS_BENCH_NSTRAIN_SIZES=64,256 python benchmarks/bench_nstrain.py   # image sides (default 256)
+    RH3DGS_BENCH_NSTRAIN_FOX=0 python benchmarks/bench_nstrain.py   # without the fox row
     OMP_NUM_THREADS=1 python benchmarks/bench_nstrain.py   # on a CPU shared with other jobs
 
 Each image size gets its own synthetic dataset (the same scene and ~4k seed points, the
 ``rh3dgs-lite`` preset's own cap) and one row per method: ``ROUNDS`` interleaved runs of the two
 (this VM's speed drifts by ~20 % between runs a minute apart: four single-pair runs of one build gave
 1.16-1.47x at 256x256), the median of each timing and of the per-round ratios.
+
+The fox row (issue 21: "on the fox data downscaled 4x, at least 50k Gaussians"): ``shared/realdata/fox``'s
+photos 4x downscaled (270x480) with the poses of bench_real's ``ns-process-data`` (COLMAP; kept in
+``outputs/bench_cache/fox_ns``, made here when missing), 50,000 seed points (:func:`fox_seeded`), the
+teacher ``tiny-clip`` computed at set-up and the latents initialised at random (the initialising lift of
+50k Gaussians is the start of a run, not an iteration). A set-up costs ~10 s per method, so both methods
+run in one child interpreter with their iterations interleaved step by step (:func:`measure_pair`), one
+set-up each, instead of separate interpreters per round: the pair sees the same minutes of the machine.
 
 On a 2-core machine where other processes hold the cores, torch's 2-thread parallel regions
 stall on a descheduled thread (wall and even CPU time per iteration grew 10-25x in such a

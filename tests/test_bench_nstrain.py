@@ -57,3 +57,44 @@ def test_semantics_off_model_is_plain_splatfacto(data, tmp_path):
     assert "semantics" not in out
     metrics, _ = m.get_image_metrics_and_images(out, batch)
     assert "psnr" in metrics and "sem_cos" not in metrics
+
+
+def test_measure_pair_interleaves_both_methods(data):
+    """The fox row's measurement: both methods set up in one interpreter (teacher tiny-clip, latents at random),
+    their iterations interleaved; the same seed points and per-method timings."""
+    pair = bench_nstrain.measure_pair(data, iters=3, warmup=1)
+    assert set(pair) == {"splatfacto", "rh3dgs"}
+    for r in pair.values():
+        assert r["iters"] == 3 and 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"] and r["setup_s"] > 0
+    assert pair["splatfacto"]["gaussians_start"] == pair["rh3dgs"]["gaussians_start"] > 100
+
+
+def test_fox_seeded_keeps_the_colmap_points_and_adds_jittered_copies(tmp_path):
+    import json
+
+    import numpy as np
+    from plyfile import PlyData, PlyElement
+
+    ns = tmp_path / "ns"
+    (ns / "images").mkdir(parents=True)
+    (ns / "transforms.json").write_text(json.dumps({"w": 4, "h": 4, "frames": []}))
+    rng = np.random.default_rng(0)
+    pts = np.zeros(50, dtype=[("x", "<f4"), ("y", "<f4"), ("z", "<f4"), ("red", "u1"), ("green", "u1"), ("blue", "u1")])
+    xyz = rng.random((50, 3)).astype(np.float32)
+    for i, k in enumerate("xyz"):
+        pts[k] = xyz[:, i]
+    pts["red"] = np.arange(50)
+    PlyData([PlyElement.describe(pts, "vertex")]).write(str(ns / "sparse_pc.ply"))
+    out = bench_nstrain.fox_seeded(ns, tmp_path / "fox", n=500)
+    v = PlyData.read(str(out / "sparse_pc.ply"))["vertex"]
+    got = np.stack([v["x"], v["y"], v["z"]], -1)
+    assert v.count == 500 and np.array_equal(got[:50], xyz) and np.array_equal(v["red"][:50], np.arange(50))
+    # each copy lies near the point whose colour it carries (jitter: half its 3-NN distance per axis)
+    from scipy.spatial import cKDTree
+
+    idx = np.asarray(v["red"][50:]).astype(int)
+    sigma = cKDTree(xyz).query(xyz, k=4)[0][:, 1:].mean(1)[idx, None] / 2
+    z = (got[50:] - xyz[idx]) / sigma
+    assert np.abs(z).max() < 6 and 0.8 < z.std() < 1.2
+    assert (out / "images").resolve() == (ns / "images").resolve()
+    assert json.loads((out / "transforms.json").read_text())["w"] == 4
