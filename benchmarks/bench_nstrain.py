@@ -318,8 +318,12 @@ def measure_pair(data: Path, iters: int = FOX_ITERS, warmup: int = WARMUP, devic
         times = {m: ([], []) for m in trainers}
         for step in range(iters):
             for m, trainer in trainers.items():
+                if device == "cuda":
+                    torch.cuda.synchronize()
                 t, c = time.perf_counter(), time.process_time()
                 loss = _train_step(trainer, step)
+                if device == "cuda":
+                    torch.cuda.synchronize()
                 times[m][0].append(time.perf_counter() - t)
                 times[m][1].append(time.process_time() - c)
                 if not torch.isfinite(loss):

@@ -230,6 +230,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
   // otherwise, with a compiled count, the two common geometry splits get compile-time trip counts too:
   // RGB + latents (CG = 3, e.g. rh3dgs-lite's 3 + 8) and latents alone (CG = 0)
   constexpr int64_t kRGB = 3;
+  constexpr bool kRGB8 = CT == kRGB + 8;
   const int64_t TH = isect_offsets.size(1), TW = isect_offsets.size(2);
   const int64_t n_isects = flatten_ids.numel();
   // Per-intersection gradient rows: [xy(2), conic(3), opacity(1), depth(1), features(C)].
@@ -327,6 +328,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
           const float dy = tg.y[k] - fy, mx0 = tg.x[k] - ((float)x0 + 0.5f);
           // d features of this pair's Gaussian: the blocks' in registers (v16, split), the rest in gf
           vf16 gb[kBlocks > 0 ? kBlocks : 1] = {};
+          vf8 g8{};  // RGB + 8 latents with RGB shaping the geometry (rh3dgs-lite): the latents' d features
           float* gf = rgf.data();
           if (!v16) std::fill(gf, gf + (split ? kHead : C), 0.0f);
           float g0 = 0.0f, g1 = 0.0f, g2 = 0.0f, g3 = 0.0f, g4 = 0.0f, g5 = 0.0f, g6 = 0.0f;
@@ -357,8 +359,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
               for (int u = 0; u < kBlocks; ++u) gb[u] += w * load16(v_out + kHead + 16 * u);
             } else if (CT > 0 && CG == kRGB) {  // RGB shapes the geometry, the latents only their features
               v_a = channels_bwd<kRGB>(gf, rprod.data(), buf, f, v_out, w, T, ra, kRGB);
+              if constexpr (kRGB8) {  // in a register, not through gf in memory per pair
+                vf8 vo;
+                std::memcpy(&vo, v_out + kRGB, sizeof(vf8));
+                g8 += w * vo;
+              } else {
 #pragma omp simd
-              for (int64_t c = kRGB; c < (CT > 0 ? CT : C); ++c) gf[c] += w * v_out[c];
+                for (int64_t c = kRGB; c < (CT > 0 ? CT : C); ++c) gf[c] += w * v_out[c];
+              }
             } else if (CT > 0 && CG == 0) {  // features alone on fixed geometry (distill)
               v_a = 0.0f;
 #pragma omp simd
@@ -389,6 +397,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
             for (int c = 0; c < kHead; ++c) grow[7 + c] += gf[c];  // split's head (v16: kHead = 0)
             float* gblk = grow + 7 + kHead;
             for (int u = 0; u < kBlocks; ++u) store16(gblk + 16 * u, load16(gblk + 16 * u) + gb[u]);
+          } else if (kRGB8 && CG == kRGB) {
+            for (int64_t c = 0; c < kRGB; ++c) grow[7 + c] += gf[c];
+            vf8 gr;
+            std::memcpy(&gr, grow + 7 + kRGB, sizeof(vf8));
+            gr += g8;
+            std::memcpy(grow + 7 + kRGB, &gr, sizeof(vf8));
           } else {
 #pragma omp simd
             for (int64_t c = 0; c < C; ++c) grow[7 + c] += gf[c];
