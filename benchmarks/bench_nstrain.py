@@ -185,6 +185,24 @@ def _setup_shims(cuda: bool) -> Iterator[Optional[str]]:
             setattr(owner, name, value)
 
 
+@contextlib.contextmanager
+def _own_event_writers() -> Iterator[None]:
+    """nerfstudio's event writers (a module-level list each Trainer.setup() appends to) as they were before, on exit:
+    the trainers made inside log into their output folders, which a measurement then deletes; a writer left behind
+    would flush into a deleted folder from the next trainer of this interpreter (a later test, the next method)."""
+    import nerfstudio.configs.base_config  # noqa: F401  (before writer: the two import each other)
+    from nerfstudio.utils import writer
+
+    before = list(writer.EVENT_WRITERS)
+    try:
+        yield
+    finally:
+        for w in writer.EVENT_WRITERS:
+            if w not in before and hasattr(w, "tb_writer"):
+                w.tb_writer.close()
+        writer.EVENT_WRITERS[:] = before
+
+
 def _setup_trainer(method: str, data: Path, out: Path, device: str, iters: int, edit=None):
     """nerfstudio's Trainer of ``method`` on ``data``, set up (``edit``: changes to its config first); and
     why the seed PLY was not read by open3d (None: it was)."""
@@ -224,11 +242,17 @@ def measure_training(method: str, data: Path, iters: int = ITERS, warmup: int = 
     """Train ``method`` for ``iters`` iterations in this process; per-iteration times (see module docstring)."""
     if warmup >= iters:
         raise ValueError(f"warmup ({warmup}) must be < iters ({iters})")
+    tmp = tempfile.TemporaryDirectory(prefix="rh3dgs_bench_nstrain_") if out is None else None
+    try:
+        with _own_event_writers():
+            return _measure_training(method, data, iters, warmup, device, Path(tmp.name) if tmp else out)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def _measure_training(method: str, data: Path, iters: int, warmup: int, device: str, out: Path) -> dict:
     cuda = device == "cuda"
-    tmp = None
-    if out is None:
-        tmp = tempfile.TemporaryDirectory(prefix="rh3dgs_bench_nstrain_")
-        out = Path(tmp.name)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     rss0 = peak_rss_mb()
@@ -259,8 +283,6 @@ def measure_training(method: str, data: Path, iters: int = ITERS, warmup: int = 
            "param_groups": sorted(trainer.optimizers.optimizers), "threads": torch.get_num_threads(),
            "seed_ply_read_by": "open3d" if ply_fallback is None else
            f"plyfile (open3d unavailable: {ply_fallback})"}
-    if tmp is not None:
-        tmp.cleanup()
     return res
 
 
@@ -307,7 +329,7 @@ def measure_pair(data: Path, iters: int = FOX_ITERS, warmup: int = WARMUP, devic
     """splatfacto and rh3dgs trained in this one interpreter, their iterations interleaved (splatfacto's step s,
     rh3dgs's step s, ...): both see the same minutes of a shared machine. Per method the timings of
     :func:`measure_training` (peak RSS: the two together)."""
-    with tempfile.TemporaryDirectory(prefix="rh3dgs_bench_nstrain_") as tmp:
+    with tempfile.TemporaryDirectory(prefix="rh3dgs_bench_nstrain_") as tmp, _own_event_writers():
         edit = _fox_config(Path(tmp) / "teacher_cache")
         trainers, setup = {}, {}
         for m in ("splatfacto", "rh3dgs"):

@@ -62,7 +62,13 @@ def test_semantics_off_model_is_plain_splatfacto(data, tmp_path):
 def test_measure_pair_interleaves_both_methods(data):
     """The fox row's measurement: both methods set up in one interpreter (teacher tiny-clip, latents at random),
     their iterations interleaved; the same seed points and per-method timings."""
+    import nerfstudio.configs.base_config  # noqa: F401  (before writer: the two import each other)
+    from nerfstudio.utils import writer
+
+    before = list(writer.EVENT_WRITERS)
     pair = bench_nstrain.measure_pair(data, iters=3, warmup=1)
+    # its trainers' writers (into a folder it deleted) do not outlive it: a later trainer would flush into them
+    assert writer.EVENT_WRITERS == before
     assert set(pair) == {"splatfacto", "rh3dgs"}
     for r in pair.values():
         assert r["iters"] == 3 and 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"] and r["setup_s"] > 0
