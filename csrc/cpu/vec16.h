@@ -101,9 +101,9 @@ inline void axpy(float* __restrict acc, float w, const float* __restrict x, int6
 // compositing. The first R = C % 8 channels (RGB in RGB + 8 / 16 / 32 latents) are scalars; an
 // 8-float block follows when C % 16 >= 8 (e.g. rh3dgs-lite's 8 latents after RGB: C = 11), then the
 // 16-float blocks; each block is stored as an aligned vector per pixel. Adding a contribution is R scalar
-// and one vector multiply-add per block, acc += w * f, the same per-channel operation as axpy() (so
-// the sums are the same bits), without the misaligned, line-crossing loads and stores of a packed
-// [L][C] row (8 latents as scalars made the forward 1.20-1.32x the C = 3 one at 512x512). CT > 0 only.
+// and one vector multiply-add per block, acc += w * f, the same per-channel operation as axpy() (the
+// scalars and 16-blocks give its bits; the 8-block's sums can differ from it by an ulp, measured 6e-8),
+// without the misaligned, line-crossing loads and stores of a packed [L][C] row (8 latents as scalars made the forward 1.20-1.32x the C = 3 one at 512x512). CT > 0 only.
 typedef float vf8 __attribute__((vector_size(32)));
 
 template <int CT>
