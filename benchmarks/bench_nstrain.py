@@ -229,6 +229,20 @@ def _train_step(trainer, step: int) -> Tensor:
     return loss
 
 
+def _timed_step(trainer, step: int, method: str, device: str) -> Tuple[float, float, Tensor]:
+    """One :func:`_train_step`: its wall and CPU seconds (CUDA synchronised around it) and its loss, which must be finite."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t, c = time.perf_counter(), time.process_time()
+    loss = _train_step(trainer, step)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    wall, cpu = time.perf_counter() - t, time.process_time() - c
+    if not torch.isfinite(loss):
+        raise RuntimeError(f"{method}: non-finite loss at step {step}")
+    return wall, cpu, loss
+
+
 def _timings(method: str, device: str, times, cpu_times, warmup: int) -> dict:
     timed, cpu_timed = times[warmup:], cpu_times[warmup:]
     return {"method": method, "device": device, "iters": len(times), "warmup": warmup,
@@ -262,20 +276,11 @@ def _measure_training(method: str, data: Path, iters: int, warmup: int, device: 
     model = trainer.pipeline.model
     n0 = int(model.num_points)
 
-    def sync():
-        if cuda:
-            torch.cuda.synchronize()
-
     times, cpu_times = [], []
     for step in range(iters):
-        sync()
-        t, c = time.perf_counter(), time.process_time()
-        loss = _train_step(trainer, step)
-        sync()
-        times.append(time.perf_counter() - t)
-        cpu_times.append(time.process_time() - c)
-        if not torch.isfinite(loss):
-            raise RuntimeError(f"{method}: non-finite loss at step {step}")
+        wall, cpu, loss = _timed_step(trainer, step, method, device)
+        times.append(wall)
+        cpu_times.append(cpu)
     res = {**_timings(method, device, times, cpu_times, warmup), "setup_s": setup_s,
            "gaussians_start": n0, "gaussians_end": int(model.num_points), "final_loss": float(loss.detach()),
            "peak_rss_mb": peak_rss_mb(), "peak_rss_before_setup_mb": rss0,
@@ -340,16 +345,9 @@ def measure_pair(data: Path, iters: int = FOX_ITERS, warmup: int = WARMUP, devic
         times = {m: ([], []) for m in trainers}
         for step in range(iters):
             for m, trainer in trainers.items():
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                t, c = time.perf_counter(), time.process_time()
-                loss = _train_step(trainer, step)
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                times[m][0].append(time.perf_counter() - t)
-                times[m][1].append(time.process_time() - c)
-                if not torch.isfinite(loss):
-                    raise RuntimeError(f"{m}: non-finite loss at step {step}")
+                wall, cpu = _timed_step(trainer, step, m, device)[:2]
+                times[m][0].append(wall)
+                times[m][1].append(cpu)
         return {m: {**_timings(m, device, *times[m], warmup), "setup_s": setup[m], "gaussians_start": n0[m],
                     "gaussians_end": int(t.pipeline.model.num_points), "peak_rss_mb": peak_rss_mb(),
                     "threads": torch.get_num_threads()}

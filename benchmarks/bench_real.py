@@ -245,6 +245,10 @@ FOX_ITERS = int(os.environ.get("RH3DGS_BENCH_FOX_ITERS", "200"))
 FOX_QUERIES = ("fox", "wallpaper")
 # fox_part's ns-process-data output (outputs/ is not tracked), read by bench_nstrain's fox row
 FOX_CACHE = REPO / "outputs" / "bench_cache" / "fox_ns"
+# the stage (label, console script, arguments) that makes work/ns from work/images
+COLMAP_STAGE = ("ns-process-data (COLMAP)", "ns-process-data", "images", "--data", "images", "--output-dir", "ns",
+                "--no-gpu", "--matching-method", "exhaustive", "--num-downscales",
+                str(int(math.log2(FOX_TRAIN_DOWNSCALE))))
 PSNR_TOLERANCE_DB = 0.5
 
 # Runs one console script (ns-train, rh3dgs...) in this interpreter and writes its peak RSS at exit:
@@ -503,9 +507,7 @@ def fox_dataset(root: Path) -> Optional[Path]:
         problem = _ensure_system()
         if problem:
             print(f"[fox] set-up: {problem}", flush=True)
-        run_stage(work, "ns-process-data (COLMAP)", "ns-process-data", "images", "--data", "images", "--output-dir",
-                  "ns", "--no-gpu", "--matching-method", "exhaustive", "--num-downscales",
-                  str(int(math.log2(FOX_TRAIN_DOWNSCALE))))
+        run_stage(work, *COLMAP_STAGE)
         if not (work / "ns" / "transforms.json").is_file():
             return None
         cache_fox_dataset(work / "ns")
@@ -550,8 +552,7 @@ def fox_part(root: Path, keep: Optional[Path] = None) -> Tuple[Dict, str]:
     setup_problem = _ensure_system()
     if setup_problem:
         print(f"[fox] set-up: {setup_problem}", flush=True)
-    S("ns-process-data (COLMAP)", "ns-process-data", "images", "--data", "images", "--output-dir", "ns", "--no-gpu",
-      "--matching-method", "exhaustive", "--num-downscales", str(int(math.log2(FOX_TRAIN_DOWNSCALE))))
+    S(*COLMAP_STAGE)
     if (work / "ns" / "transforms.json").is_file():
         cache_fox_dataset(work / "ns")
     seed = _independent_ply_count(work / "ns" / "sparse_pc.ply") if (work / "ns" / "sparse_pc.ply").is_file() else {}
