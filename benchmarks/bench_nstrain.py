@@ -20,9 +20,13 @@ jobs it is the load-independent figure (wall time grows when other processes tak
   rasterizer; no latents, decoder or teacher. Labelled "splatfacto (CPU port: rh3dgs model,
   semantics off)".
 
-Both start from the same seed point cloud (every point, no subsampling). Each method runs in its
-own interpreter (``run_isolated``) so that its peak RSS (and on CUDA its peak allocated GPU
-memory) is its own.
+Both start from the same seed point cloud (every point, no subsampling). Both methods are trained in one
+child interpreter (``run_isolated``) with their iterations interleaved step by step, the order swapped every
+step (:func:`measure_pair`): each pair of iterations sees the same moment of a shared machine (this VM's
+speed drifts by ~20 % between runs a minute apart: four single-pair runs of separate interpreters gave
+1.16-1.47x at 256x256), one set-up each (~8 s), and the peak RSS is that of the two together.
+:func:`measure_training` times one method alone in its own interpreter (its own peak RSS, and on CUDA its own
+peak allocated GPU memory).
 
     python benchmarks/bench_nstrain.py                # device: CUDA when available, else CPU
     RH3DGS_BENCH_DEVICE=cpu python benchmarks/bench_nstrain.py
@@ -31,17 +35,13 @@ memory) is its own.
     OMP_NUM_THREADS=1 python benchmarks/bench_nstrain.py   # on a CPU shared with other jobs
 
 Each image size gets its own synthetic dataset (the same scene and ~4k seed points, the
-``rh3dgs-lite`` preset's own cap) and one row per method: ``ROUNDS`` interleaved runs of the two
-(this VM's speed drifts by ~20 % between runs a minute apart: four single-pair runs of one build gave
-1.16-1.47x at 256x256), the median of each timing and of the per-round ratios.
+``rh3dgs-lite`` preset's own cap) and one row per method.
 
 The fox row (issue 21: "on the fox data downscaled 4x, at least 50k Gaussians"): ``shared/realdata/fox``'s
 photos 4x downscaled (270x480) with the poses of bench_real's ``ns-process-data`` (COLMAP; kept in
 ``outputs/bench_cache/fox_ns``, made here when missing), 50,000 seed points (:func:`fox_seeded`), the
 teacher ``tiny-clip`` computed at set-up and the latents initialised at random (the initialising lift of
-50k Gaussians is the start of a run, not an iteration). A set-up costs ~10 s per method, so both methods
-run in one child interpreter with their iterations interleaved step by step (:func:`measure_pair`), one
-set-up each, instead of separate interpreters per round: the pair sees the same minutes of the machine.
+50k Gaussians is the start of a run, not an iteration).
 
 On a 2-core machine where other processes hold the cores, torch's 2-thread parallel regions
 stall on a descheduled thread (wall and even CPU time per iteration grew 10-25x in such a
@@ -69,7 +69,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import entry, machine, peak_rss_mb, run_isolated, write_results  # noqa: E402
 
 ITERS, WARMUP = 300, 10
-ROUNDS = 3  # interleaved (splatfacto, rh3dgs) pairs per image size
 VIEWS, SIZES, DENSITY = 12, (256,), 300.0  # ~4k seed points (the synthetic scene's Gaussian centres)
 FOX_GAUSSIANS, FOX_ITERS = 50_000, 70  # the fox row: seed points, iterations (the first WARMUP not timed)
 TARGET_RATIO = 1.3  # issue 21: rh3dgs-lite / splatfacto per iteration, at 256x256 and on the fox
@@ -82,12 +81,6 @@ LABELS = {
 
 def default_device() -> str:
     return os.environ.get("RH3DGS_BENCH_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def _median_run(runs):
-    """One row from several runs of a method: the median of each timing, the rest of the first run."""
-    keys = ("mean_ms", "median_ms", "cpu_mean_ms", "min_ms", "max_ms")
-    return {**runs[0], **{k: statistics.median(r[k] for r in runs) for k in keys if k in runs[0]}}
 
 
 def default_sizes() -> Tuple[int, ...]:
@@ -330,12 +323,13 @@ def _fox_config(teacher_cache: Path):
     return edit
 
 
-def measure_pair(data: Path, iters: int = FOX_ITERS, warmup: int = WARMUP, device: str = "cpu") -> dict:
-    """splatfacto and rh3dgs trained in this one interpreter, their iterations interleaved (splatfacto's step s,
-    rh3dgs's step s, ...): both see the same minutes of a shared machine. Per method the timings of
-    :func:`measure_training` (peak RSS: the two together)."""
+def measure_pair(data: Path, iters: int = ITERS, warmup: int = WARMUP, device: str = "cpu", fox: bool = False) -> dict:
+    """splatfacto and rh3dgs trained in this one interpreter, their iterations interleaved (step s of both, the order
+    swapped every step: neither always runs on the other's cache state): both see the same minutes of a shared
+    machine. Per method the timings of :func:`measure_training` (peak RSS: the two together). ``fox``: the fox
+    row's configuration (:func:`_fox_config`: teacher tiny-clip, latents initialised at random)."""
     with tempfile.TemporaryDirectory(prefix="rh3dgs_bench_nstrain_") as tmp, _own_event_writers():
-        edit = _fox_config(Path(tmp) / "teacher_cache")
+        edit = _fox_config(Path(tmp) / "teacher_cache") if fox else None
         trainers, setup = {}, {}
         for m in ("splatfacto", "rh3dgs"):
             t0 = time.perf_counter()
@@ -343,9 +337,10 @@ def measure_pair(data: Path, iters: int = FOX_ITERS, warmup: int = WARMUP, devic
             setup[m] = time.perf_counter() - t0
         n0 = {m: int(t.pipeline.model.num_points) for m, t in trainers.items()}
         times = {m: ([], []) for m in trainers}
+        order = list(trainers)
         for step in range(iters):
-            for m, trainer in trainers.items():
-                wall, cpu = _timed_step(trainer, step, m, device)[:2]
+            for m in (order if step % 2 == 0 else order[::-1]):
+                wall, cpu = _timed_step(trainers[m], step, m, device)[:2]
                 times[m][0].append(wall)
                 times[m][1].append(cpu)
         return {m: {**_timings(m, device, *times[m], warmup), "setup_s": setup[m], "gaussians_start": n0[m],
@@ -354,12 +349,22 @@ def measure_pair(data: Path, iters: int = FOX_ITERS, warmup: int = WARMUP, devic
                 for m, t in trainers.items()}
 
 
+def _pair_row(data: Path, iters: int, warmup: int, device: str, fox: bool) -> dict:
+    """One row of the table: :func:`measure_pair` in a child interpreter, and the ratios rh3dgs / splatfacto."""
+    pair = run_isolated(__file__, ["--only", json.dumps({"method": "pair", "data": str(data), "iters": iters,
+                                                         "warmup": warmup, "device": device, "fox": fox})])
+    ours, base = pair["rh3dgs"], pair["splatfacto"]
+    return {"baseline": base, "rh3dgs": ours, "ratio_rh3dgs_to_splatfacto": ours["mean_ms"] / base["mean_ms"],
+            "ratio_median": ours["median_ms"] / base["median_ms"],
+            "ratio_cpu_time": ours["cpu_mean_ms"] / base["cpu_mean_ms"]}
+
+
 def measure(spec: str) -> dict:
     """Child of :func:`run_isolated`: ``spec`` is JSON ``{"method", "data", "iters", "warmup", "device"}``
     (method "pair": :func:`measure_pair`)."""
     kw = json.loads(spec)
     if kw["method"] == "pair":
-        return measure_pair(Path(kw["data"]), kw["iters"], kw["warmup"], kw["device"])
+        return measure_pair(Path(kw["data"]), kw["iters"], kw["warmup"], kw["device"], kw.get("fox", False))
     return measure_training(kw["method"], Path(kw["data"]), kw["iters"], kw["warmup"], kw["device"])
 
 
@@ -377,22 +382,16 @@ def fox_row(device: str, warmup: int = WARMUP) -> Tuple[Optional[dict], str]:
     size = json.loads((ns / "transforms.json").read_text())
     with tempfile.TemporaryDirectory(prefix="rh3dgs_bench_nstrain_fox_") as tmp:
         data = fox_seeded(ns, Path(tmp) / "fox")
-        pair = run_isolated(__file__, ["--only", json.dumps({"method": "pair", "data": str(data), "iters": FOX_ITERS,
-                                                             "warmup": warmup, "device": device})])
-    ours, base = pair["rh3dgs"], pair["splatfacto"]
+        row = _pair_row(data, FOX_ITERS, warmup, device, fox=True)
     from plyfile import PlyData
 
     colmap_points = PlyData.read(str(ns / "sparse_pc.ply"))["vertex"].count
-    row = {"label": f"fox {size['w']}x{size['h']}", "baseline": base, "rh3dgs": ours,
-           "ratio_rh3dgs_to_splatfacto": ours["mean_ms"] / base["mean_ms"],
-           "ratio_median": ours["median_ms"] / base["median_ms"], "ratio_cpu_time": ours["cpu_mean_ms"] / base["cpu_mean_ms"],
-           "ratio_per_round": []}
+    row["label"] = f"fox {size['w']}x{size['h']}"
     note = (f"fox: the {len(size['frames'])} real photos 4x downscaled ({size['w']}x{size['h']}, bench_real's COLMAP poses), "
             f"{FOX_GAUSSIANS:,} seed points (COLMAP's {colmap_points:,} and jittered copies: "
             "`fox_seeded`, the size of a densified splat), teacher tiny-clip (random-initialised open_clip), "
             f"the latents initialised at random (the lift at the start, ~50 s at this size, is not an iteration); "
-            f"{FOX_ITERS} iterations of both methods in one interpreter, interleaved step by step (one set-up each), "
-            f"mean over iterations {warmup}..{FOX_ITERS - 1}; peak RSS of the two together")
+            f"{FOX_ITERS} iterations, mean over iterations {warmup}..{FOX_ITERS - 1}")
     return row, note
 
 
@@ -405,17 +404,7 @@ def main(iters: int = ITERS, warmup: int = WARMUP, device: Optional[str] = None,
     for size in sizes:
         with tempfile.TemporaryDirectory(prefix="rh3dgs_bench_nstrain_data_") as tmp:
             data = make_data(Path(tmp) / "data", size=size)
-            # interleaved rounds (splatfacto, rh3dgs, splatfacto, rh3dgs, ...): this VM's speed drifts by ~20 %
-            # between runs a minute apart, which a single pair measured it in full
-            rounds = [{m: run_isolated(__file__, ["--only", json.dumps({"method": m, "data": str(data), "iters": iters,
-                                                                           "warmup": warmup, "device": device})])
-                       for m in ("splatfacto", "rh3dgs")} for _ in range(ROUNDS)]
-        ours, base = _median_run([r["rh3dgs"] for r in rounds]), _median_run([r["splatfacto"] for r in rounds])
-        ratio = lambda key: statistics.median(r["rh3dgs"][key] / r["splatfacto"][key] for r in rounds)  # noqa: E731
-        per_size[f"{size}x{size}"] = {
-            "baseline": base, "rh3dgs": ours, "rounds": rounds, "ratio_rh3dgs_to_splatfacto": ratio("mean_ms"),
-            "ratio_median": ratio("median_ms"), "ratio_cpu_time": ratio("cpu_mean_ms"),
-            "ratio_per_round": [r["rh3dgs"]["mean_ms"] / r["splatfacto"]["mean_ms"] for r in rounds]}
+            per_size[f"{size}x{size}"] = _pair_row(data, iters, warmup, device, fox=False)
     fox = fox and os.environ.get("RH3DGS_BENCH_NSTRAIN_FOX", "1") != "0"
     fox, fox_note = fox_row(device, warmup) if fox else (None, "fox row not run (RH3DGS_BENCH_NSTRAIN_FOX=0)")
     if fox is not None:
@@ -441,8 +430,6 @@ def main(iters: int = ITERS, warmup: int = WARMUP, device: Optional[str] = None,
     rows = "\n".join(row(s_, r[m]) for s_, r in per_size.items() for m in ("baseline", "rh3dgs"))
     ratios = "\n".join(f"- {s_}: **rh3dgs / splatfacto: {r['ratio_rh3dgs_to_splatfacto']:.2f}x** mean time per "
                        f"iteration ({r['ratio_median']:.2f}x median, {r['ratio_cpu_time']:.2f}x CPU time)"
-                       + ("; per round: " + ", ".join(f"{x:.2f}x" for x in r["ratio_per_round"])
-                          if r["ratio_per_round"] else "; one interpreter, iterations interleaved")
                        + (f" (target <= {TARGET_RATIO}x: **{'met' if r['ratio_rh3dgs_to_splatfacto'] <= TARGET_RATIO else 'NOT met'}**)")
                        for s_, r in per_size.items())
     first = next(iter(per_size.values()))  # the synthetic scene's first size
@@ -450,9 +437,8 @@ def main(iters: int = ITERS, warmup: int = WARMUP, device: Optional[str] = None,
     md = (f"# ns-train: rh3dgs vs splatfacto iteration time ({device})\n\n"
           f"Synthetic scene, {VIEWS} views per image size, {iters} iterations of the rh3dgs-lite schedule "
           f"(densification steps 60-200, the default objective: VCD + VFM + LIC + ray term), mean over iterations {warmup}..{iters - 1}; both methods "
-          f"trained in-process by nerfstudio's Trainer in this run, each in its own interpreter, {ROUNDS} interleaved "
-          "rounds (splatfacto, rh3dgs, ...): the rows give the median over the rounds, the ratios the median of the "
-          "per-round ratios; "
+          "trained in-process by nerfstudio's Trainer in this run, in one interpreter with their iterations interleaved "
+          "step by step, the order swapped every step (one set-up each; peak RSS of the two together); "
           f"torch threads: {ours['threads']}, CPUs: {machine()['cpu_count']}. Iteration = what nerfstudio's "
           "ITER_TRAIN_TIME covers (callbacks, forward, losses, metrics, backward, optimizer step, densification).\n\n"
           + (f"Baseline: {base['label']}. " if gpu else

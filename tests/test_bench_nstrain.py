@@ -59,14 +59,15 @@ def test_semantics_off_model_is_plain_splatfacto(data, tmp_path):
     assert "psnr" in metrics and "sem_cos" not in metrics
 
 
-def test_measure_pair_interleaves_both_methods(data):
-    """The fox row's measurement: both methods set up in one interpreter (teacher tiny-clip, latents at random),
-    their iterations interleaved; the same seed points and per-method timings."""
+@pytest.mark.parametrize("fox", [False, True])
+def test_measure_pair_interleaves_both_methods(data, fox):
+    """Every row's measurement: both methods set up in one interpreter (``fox``: the fox row's teacher tiny-clip and
+    latents at random), their iterations interleaved; the same seed points and per-method timings."""
     import nerfstudio.configs.base_config  # noqa: F401  (before writer: the two import each other)
     from nerfstudio.utils import writer
 
     before = list(writer.EVENT_WRITERS)
-    pair = bench_nstrain.measure_pair(data, iters=3, warmup=1)
+    pair = bench_nstrain.measure_pair(data, iters=3, warmup=1, fox=fox)
     # its trainers' writers (into a folder it deleted) do not outlive it: a later trainer would flush into them
     assert writer.EVENT_WRITERS == before
     assert set(pair) == {"splatfacto", "rh3dgs"}
