@@ -47,3 +47,22 @@ def test_native_binning_matches_vectorised_reference_with_ties():
         assert torch.all(seg[1:] >= seg[:-1])
         same = seg[1:] == seg[:-1]
         assert torch.all(ids[1:][same] > ids[:-1][same])
+
+
+def test_native_binning_sorts_depths_of_every_magnitude():
+    """The radix sort's three 11-bit digits all vary (depths over six decades, one value repeated): the order
+    of a sort by (depth, id), as the vectorised reference sorts (depths in front of the camera: positive)."""
+    from rh3dgs.ops._ref import _ref_isect_tiles
+
+    g = torch.Generator().manual_seed(7)
+    B, N, W, H, tile = 3, 5000, 160, 96, 16
+    means2d = torch.rand(B, N, 2, generator=g) * torch.tensor([W * 1.2, H * 1.2]) - 10
+    radii = (torch.rand(B, N, generator=g) * 30).int()
+    depths = 10 ** (torch.rand(B, N, generator=g) * 6 - 3)
+    depths[:, ::17] = 2.5
+    tw, th = math.ceil(W / tile), math.ceil(H / tile)
+    nat = isect_tiles(means2d, radii, depths, tile, tw, th)
+    ref = _ref_isect_tiles(means2d, radii, depths, tile, tw, th)
+    for a, b in zip(nat, ref):
+        assert torch.equal(a, b)
+    assert nat[2].numel() > 2 * B * N

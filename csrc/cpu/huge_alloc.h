@@ -103,10 +103,12 @@ struct HugeDeleter {
   void operator()(void* p) const { huge_free(p, bytes); }
 };
 
-// A scratch array of n floats on huge pages.
-inline std::unique_ptr<float[], HugeDeleter> huge_floats(size_t n) {
-  return std::unique_ptr<float[], HugeDeleter>(static_cast<float*>(huge_malloc(n * sizeof(float))),
-                                               HugeDeleter{n * sizeof(float)});
+// A scratch array of n (uninitialised) T on huge pages.
+template <class T>
+inline std::unique_ptr<T[], HugeDeleter> huge_array(size_t n) {
+  return std::unique_ptr<T[], HugeDeleter>(static_cast<T*>(huge_malloc(n * sizeof(T))), HugeDeleter{n * sizeof(T)});
 }
+
+inline std::unique_ptr<float[], HugeDeleter> huge_floats(size_t n) { return huge_array<float>(n); }
 
 }  // namespace rh3dgs
