@@ -2,12 +2,12 @@
 
 The last feature step of the lift (:func:`rh3dgs.lifting.lift`, ``LiftConfig.fill``): a Gaussian
 with too little weight, or seen only through the surfaces in front of it, takes the vote of the
-observed Gaussians around it under a bilateral (space x colour) kernel (scipy ``cKDTree``, all cores), so that
+observed Gaussians around it under a bilateral (space x colour) kernel (scipy ``cKDTree``, all cores;
+the weighted sums as torch's ``embedding_bag``), so that
 a 3D query selects whole objects, their hidden parts included.
 """
 from __future__ import annotations
 
-import warnings
 from typing import Optional, Tuple
 
 import torch
@@ -33,7 +33,7 @@ def fill_from_neighbours(means: Tensor, colors: Tensor, features: Tensor, observ
     whatever its colour. Gaussians with none stay without a feature. ``q_j`` is the neighbour's
     ``confidence`` (1 when None): the lift passes its visibility squared, since an observed Gaussian seen
     mostly through the surface in front of it (the floor at the foot of a box) carries some of that surface's
-    feature. Memory: ``[M, k]`` weights for the M filled Gaussians (a CSR product, no ``[M, k, D]`` gather).
+    feature. Memory: ``[M, k]`` weights for the M filled Gaussians (``embedding_bag``: no ``[M, k, D]`` gather).
 
     Args:
         means [N, 3], colors [N, 3] in [0, 1], features [N, D] unit rows, observed [N] bool;
@@ -64,7 +64,9 @@ def fill_from_neighbours(means: Tensor, colors: Tensor, features: Tensor, observ
     kk = min(int(k), len(src))
     tree = cKDTree(pts[src].numpy())
     col = colors.detach().float().cpu()
-    conf = None if confidence is None else confidence.detach().float().cpu().clamp_min(1e-12)
+    col_src = col[src]  # the observed Gaussians' colours, votes and features, indexed by the tree's ids
+    conf_src = None if confidence is None else confidence.detach().float().cpu()[src].clamp_min(1e-12)
+    feat_src = features[src.to(features.device)]
     out = features.clone()
     chunk = max(1, (1 << 22) // kk)  # rows per chunk: ~4M (row, neighbour) pairs at a time
     for a in range(0, len(todo), chunk):
@@ -75,19 +77,17 @@ def fill_from_neighbours(means: Tensor, colors: Tensor, features: Tensor, observ
         got = torch.isfinite(dist[:, 0])  # missing neighbours: inf distance, index len(src); nearest first
         if not bool(got.any()):
             continue
-        jj = src[j[got].clamp_max(len(src) - 1)]
-        dc2 = ((col[jj] - col[rows[got]][:, None]) ** 2).sum(-1)
+        jj = j[got].clamp_max_(len(src) - 1)
+        dc2 = (col_src[jj] - col[rows[got]][:, None]).square_().sum(-1)
         # log weights; a missing neighbour's inf distance gives -inf, weight 0 (softmax: no underflow)
         w = torch.softmax(-dc2 / (2.0 * color_sigma ** 2) - dist[got] ** 2 / (2.0 * (0.5 * radius) ** 2), dim=1)
-        if conf is not None:
-            w = w * conf[jj]
-        # rows of kk (neighbour, weight) pairs: a CSR matrix [rows, N] times the features
-        crow = torch.arange(0, w.numel() + 1, kk, dtype=torch.int64)
-        with warnings.catch_warnings():  # torch calls its CSR tensors beta
-            warnings.simplefilter("ignore", UserWarning)
-            W = torch.sparse_csr_tensor(crow, jj.reshape(-1), w.reshape(-1).to(features.dtype), (len(jj), N),
-                                        check_invariants=False)
-        idx = rows[got].to(features.device)
-        out[idx] = torch.nn.functional.normalize(W.to(features.device) @ features, dim=-1)
+        if conf_src is not None:
+            w = w * conf_src[jj]
+        # each row's kk weighted neighbour features summed (a bag of rows of feat_src)
+        dev = features.device
+        f = torch.nn.functional.embedding_bag(jj.to(dev), feat_src, per_sample_weights=w.to(dev, features.dtype),
+                                              mode="sum")
+        idx = rows[got].to(dev)
+        out[idx] = torch.nn.functional.normalize(f, dim=-1)
         filled[idx] = True
     return out, filled
