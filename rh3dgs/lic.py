@@ -350,8 +350,14 @@ class LICLoss:
         labels = self.labels.to(anchors.device)
         return labels[others] == labels[anchors][:, None]
 
+    def invalidate(self) -> None:
+        """The Gaussians changed (densified and pruned, possibly back to the same N, or loaded): the graph and its
+        positives are rebuilt at the next step past the warm-up."""
+        self.nbr_idx = self.positive = self.eligible = None
+
     def needs_refresh(self, step: int, num_points: int) -> bool:
-        """True when past the warm-up and the graph is missing, stale, or for another N."""
+        """True when past the warm-up and the graph is missing (never built, or :meth:`invalidate`), stale, or for
+        another N."""
         if step < self.cfg.warmup_steps:
             return False
         if self.nbr_idx is None or self.last_refresh is None or self.nbr_idx.shape[0] != num_points:

@@ -280,6 +280,38 @@ def test_densification_carries_latents(pipeline):
     assert opt.optimizers["latents"].param_groups[0]["params"][0] is m.gauss_params["latents"]
 
 
+def test_densification_that_keeps_n_rebuilds_the_lic_graph(pipeline, monkeypatch):
+    """A densification step that adds as many Gaussians as it prunes keeps N but changes who is where: LIC's graph
+    (neighbour indices) must be rebuilt; a step that changes nothing keeps it."""
+    from gsplat.strategy.ops import duplicate, remove
+
+    pipe, opt = pipeline
+    m = pipe.model
+    lic = m.objective.lic
+    n = m.num_points
+    state = {"grad2d": torch.zeros(n), "count": torch.zeros(n), "radii": torch.zeros(n)}
+
+    def grow_and_prune(**kw):
+        mask = torch.zeros(m.num_points, dtype=torch.bool)
+        mask[0] = True
+        duplicate(m.gauss_params, opt.optimizers, state, mask)
+        drop = torch.zeros(m.num_points, dtype=torch.bool)
+        drop[1] = True
+        remove(m.gauss_params, opt.optimizers, state, drop)
+
+    step = lic.cfg.warmup_steps + 1
+    m.step = step
+    colors = lambda: m.gaussians_for_render(detach=True).base_colors  # noqa: E731  (appearance positives)
+    lic.refresh(m.means.detach(), m.latents.detach(), step, colors())
+    monkeypatch.setattr(m.strategy, "step_post_backward", lambda **kw: None)
+    m.step_post_backward(step)
+    assert not lic.needs_refresh(step, n)  # nothing changed: the graph stays
+    monkeypatch.setattr(m.strategy, "step_post_backward", grow_and_prune)
+    m.step_post_backward(step)
+    assert m.num_points == n and lic.needs_refresh(step, n)  # same N, other Gaussians: rebuilt at the next step
+    assert lic.maybe_refresh(step, m.means.detach(), m.latents.detach(), colors()) and not lic.needs_refresh(step, n)
+
+
 def test_eval_outputs_metrics_and_relevancy_hook(pipeline):
     pipe, _ = pipeline
     m = pipe.model

@@ -162,7 +162,18 @@ class Rh3dgsModel(SplatfactoCPUModel):
             self.decoder.data = torch.zeros(dict["decoder"].shape, device=self.decoder.device)
         dict.setdefault("objective.background", torch.zeros_like(self.objective.background))  # runs before it
         self.semantics_initialized = True
+        if self.objective.lic is not None:  # other Gaussians in the same Parameter objects
+            self.objective.lic.invalidate()
         return super().load_state_dict(dict, **kwargs)
+
+    def step_post_backward(self, step):
+        """splatfacto's densification (gsplat's strategy), then LIC's graph marked for rebuilding when the strategy
+        changed the Gaussians: its duplicate / split / remove put new Parameters in ``gauss_params``, and a step that
+        adds as many as it prunes keeps N, which :meth:`rh3dgs.lic.LICLoss.needs_refresh` alone would not notice."""
+        means = self.gauss_params["means"]
+        super().step_post_backward(step)
+        if self.gauss_params["means"] is not means and self.objective.lic is not None:
+            self.objective.lic.invalidate()
 
     @torch.no_grad()
     def initialize_semantics(self, teacher_maps: Sequence[Tensor], cameras: Optional[Cameras] = None) -> None:
