@@ -361,7 +361,7 @@ def _pair_row(data: Path, iters: int, warmup: int, device: str, fox: bool) -> di
 
 def measure(spec: str) -> dict:
     """Child of :func:`run_isolated`: ``spec`` is JSON ``{"method", "data", "iters", "warmup", "device"}``
-    (method "pair": :func:`measure_pair`)."""
+    (method "pair": :func:`measure_pair`, with ``"fox"``)."""
     kw = json.loads(spec)
     if kw["method"] == "pair":
         return measure_pair(Path(kw["data"]), kw["iters"], kw["warmup"], kw["device"], kw.get("fox", False))
