@@ -274,14 +274,17 @@ def _measure_training(method: str, data: Path, iters: int, warmup: int, device: 
         wall, cpu, loss = _timed_step(trainer, step, method, device)
         times.append(wall)
         cpu_times.append(cpu)
-    res = {**_timings(method, device, times, cpu_times, warmup), "setup_s": setup_s,
-           "gaussians_start": n0, "gaussians_end": int(model.num_points), "final_loss": float(loss.detach()),
-           "peak_rss_mb": peak_rss_mb(), "peak_rss_before_setup_mb": rss0,
-           "cuda_peak_allocated_mb": torch.cuda.max_memory_allocated() / 2 ** 20 if cuda else None,
-           "param_groups": sorted(trainer.optimizers.optimizers), "threads": torch.get_num_threads(),
-           "seed_ply_read_by": "open3d" if ply_fallback is None else
-           f"plyfile (open3d unavailable: {ply_fallback})"}
-    return res
+    return {**_timings(method, device, times, cpu_times, warmup), "setup_s": setup_s, "gaussians_start": n0,
+            "final_loss": float(loss.detach()), "peak_rss_before_setup_mb": rss0,
+            **_run_info(trainer, ply_fallback, device)}
+
+
+def _run_info(trainer, ply_fallback: Optional[str], device: str) -> dict:
+    """What a measurement reports of a trained run besides its timings (peak memory: this interpreter's so far)."""
+    return {"gaussians_end": int(trainer.pipeline.model.num_points), "peak_rss_mb": peak_rss_mb(),
+            "cuda_peak_allocated_mb": torch.cuda.max_memory_allocated() / 2 ** 20 if device == "cuda" else None,
+            "param_groups": sorted(trainer.optimizers.optimizers), "threads": torch.get_num_threads(),
+            "seed_ply_read_by": "open3d" if ply_fallback is None else f"plyfile (open3d unavailable: {ply_fallback})"}
 
 
 def fox_seeded(ns: Path, out: Path, n: int = FOX_GAUSSIANS, seed: int = 0) -> Path:
@@ -326,14 +329,16 @@ def _fox_config(teacher_cache: Path):
 def measure_pair(data: Path, iters: int = ITERS, warmup: int = WARMUP, device: str = "cpu", fox: bool = False) -> dict:
     """splatfacto and rh3dgs trained in this one interpreter, their iterations interleaved (step s of both, the order
     swapped every step: neither always runs on the other's cache state): both see the same minutes of a shared
-    machine. Per method the timings of :func:`measure_training` (peak RSS: the two together). ``fox``: the fox
+    machine. Per method what :func:`measure_training` reports (peak RSS and GPU memory: the two together). ``fox``: the fox
     row's configuration (:func:`_fox_config`: teacher tiny-clip, latents initialised at random)."""
     with tempfile.TemporaryDirectory(prefix="rh3dgs_bench_nstrain_") as tmp, _own_event_writers():
         edit = _fox_config(Path(tmp) / "teacher_cache") if fox else None
-        trainers, setup = {}, {}
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        trainers, fallback, setup = {}, {}, {}
         for m in ("splatfacto", "rh3dgs"):
             t0 = time.perf_counter()
-            trainers[m] = _setup_trainer(m, data, Path(tmp) / m, device, iters, edit)[0]
+            trainers[m], fallback[m] = _setup_trainer(m, data, Path(tmp) / m, device, iters, edit)
             setup[m] = time.perf_counter() - t0
         n0 = {m: int(t.pipeline.model.num_points) for m, t in trainers.items()}
         times = {m: ([], []) for m in trainers}
@@ -344,8 +349,7 @@ def measure_pair(data: Path, iters: int = ITERS, warmup: int = WARMUP, device: s
                 times[m][0].append(wall)
                 times[m][1].append(cpu)
         return {m: {**_timings(m, device, *times[m], warmup), "setup_s": setup[m], "gaussians_start": n0[m],
-                    "gaussians_end": int(t.pipeline.model.num_points), "peak_rss_mb": peak_rss_mb(),
-                    "threads": torch.get_num_threads()}
+                    **_run_info(t, fallback[m], device)}
                 for m, t in trainers.items()}
 
 

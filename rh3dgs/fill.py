@@ -66,7 +66,8 @@ def fill_from_neighbours(means: Tensor, colors: Tensor, features: Tensor, observ
     col = colors.detach().float().cpu()
     col_src = col[src]  # the observed Gaussians' colours, votes and features, indexed by the tree's ids
     conf_src = None if confidence is None else confidence.detach().float().cpu()[src].clamp_min(1e-12)
-    feat_src = features[src.to(features.device)]
+    dev = features.device
+    feat_src = features[src.to(dev)]
     out = features.clone()
     chunk = max(1, (1 << 22) // kk)  # rows per chunk: ~4M (row, neighbour) pairs at a time
     for a in range(0, len(todo), chunk):
@@ -84,7 +85,6 @@ def fill_from_neighbours(means: Tensor, colors: Tensor, features: Tensor, observ
         if conf_src is not None:
             w = w * conf_src[jj]
         # each row's kk weighted neighbour features summed (a bag of rows of feat_src)
-        dev = features.device
         f = torch.nn.functional.embedding_bag(jj.to(dev), feat_src, per_sample_weights=w.to(dev, features.dtype),
                                               mode="sum")
         idx = rows[got].to(dev)

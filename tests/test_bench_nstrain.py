@@ -74,6 +74,10 @@ def test_measure_pair_interleaves_both_methods(data, fox):
     for r in pair.values():
         assert r["iters"] == 3 and 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"] and r["setup_s"] > 0
     assert pair["splatfacto"]["gaussians_start"] == pair["rh3dgs"]["gaussians_start"] > 100
+    # what measure_training reports of a run, per method: the baseline's groups are splatfacto's alone
+    assert set(pair["rh3dgs"]["param_groups"]) == set(pair["splatfacto"]["param_groups"]) | {
+        "latents", "decoder", "background_latent"}
+    assert pair["rh3dgs"]["seed_ply_read_by"] == pair["splatfacto"]["seed_ply_read_by"]
 
 
 def test_fox_seeded_keeps_the_colmap_points_and_adds_jittered_copies(tmp_path):

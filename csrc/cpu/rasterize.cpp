@@ -360,9 +360,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
             } else if (CT > 0 && CG == kRGB) {  // RGB shapes the geometry, the latents only their features
               v_a = channels_bwd<kRGB>(gf, rprod.data(), buf, f, v_out, w, T, ra, kRGB);
               if constexpr (kRGB8) {  // in a register, not through gf in memory per pair
-                vf8 vo;
-                std::memcpy(&vo, v_out + kRGB, sizeof(vf8));
-                g8 += w * vo;
+                g8 += w * load8(v_out + kRGB);
               } else {
 #pragma omp simd
                 for (int64_t c = kRGB; c < (CT > 0 ? CT : C); ++c) gf[c] += w * v_out[c];
@@ -399,10 +397,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
             for (int u = 0; u < kBlocks; ++u) store16(gblk + 16 * u, load16(gblk + 16 * u) + gb[u]);
           } else if (kRGB8 && CG == kRGB) {
             for (int64_t c = 0; c < kRGB; ++c) grow[7 + c] += gf[c];
-            vf8 gr;
-            std::memcpy(&gr, grow + 7 + kRGB, sizeof(vf8));
-            gr += g8;
-            std::memcpy(grow + 7 + kRGB, &gr, sizeof(vf8));
+            store8(grow + 7 + kRGB, load8(grow + 7 + kRGB) + g8);
           } else {
 #pragma omp simd
             for (int64_t c = 0; c < C; ++c) grow[7 + c] += gf[c];

@@ -75,6 +75,18 @@ inline vf16 load16(const float* p) {
 
 inline void store16(float* p, vf16 v) { std::memcpy(p, &v, sizeof(v)); }
 
+// 8 floats (one AVX register): RowAccum's block for C % 16 >= 8 (RGB + 8 latents) and the backward's
+// 8 latents' feature gradients.
+typedef float vf8 __attribute__((vector_size(32)));
+
+inline vf8 load8(const float* p) {
+  vf8 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline void store8(float* p, vf8 v) { std::memcpy(p, &v, sizeof(v)); }
+
 inline vf16 splat16(float x) { return vf16{} + x; }
 
 // Sum of the 16 lanes (fixed pairwise order: deterministic).
@@ -104,8 +116,6 @@ inline void axpy(float* __restrict acc, float w, const float* __restrict x, int6
 // and one vector multiply-add per block, acc += w * f, the same per-channel operation as axpy() (the
 // scalars and 16-blocks give its bits; the 8-block's sums can differ from it by an ulp, measured 6e-8),
 // without the misaligned, line-crossing loads and stores of a packed [L][C] row (8 latents as scalars made the forward 1.20-1.32x the C = 3 one at 512x512). CT > 0 only.
-typedef float vf8 __attribute__((vector_size(32)));
-
 template <int CT>
 struct RowAccum {
   static_assert(CT > 0, "compile-time channel count");
@@ -131,7 +141,7 @@ struct RowAccum {
   static inline Row load(const float* __restrict f) {
     Row r;
     for (int c = 0; c < kR; ++c) r.h[c] = f[c];
-    if constexpr (kE > 0) std::memcpy(&r.e, f + kR, sizeof(vf8));
+    if constexpr (kE > 0) r.e = load8(f + kR);
     for (int u = 0; u < kV; ++u) r.v[u] = load16(f + kR + 8 * kE + 16 * u);
     return r;
   }
@@ -147,13 +157,8 @@ struct RowAccum {
   inline void store(int64_t l, float* __restrict out, const float* __restrict bg, float T) const {
     for (int c = 0; c < kR; ++c) out[c] = head[l * kR + c] + (bg ? T * bg[c] : 0.0f);
     if constexpr (kE > 0) {
-      vf8 b{};
-      if (bg) {
-        std::memcpy(&b, bg + kR, sizeof(vf8));
-        b *= T;
-      }
-      const vf8 o = eight[l] + b;
-      std::memcpy(out + kR, &o, sizeof(vf8));
+      const vf8 b = bg ? T * load8(bg + kR) : vf8{};
+      store8(out + kR, eight[l] + b);
     }
     for (int u = 0; u < kV; ++u) {
       const float* bu = bg ? bg + kR + 8 * kE + 16 * u : nullptr;
