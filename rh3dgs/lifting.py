@@ -7,7 +7,10 @@ alpha_i T_i(u) and VCD reliability w_bar_v(u), the lifted feature is
 
 The algorithm (:func:`lift`):
 
-0. **Subspace** (teachers with D > ``LiftConfig.subspace``, e.g. CLIP's 512): the maps are seen through
+0. **Order**: the scene is lifted in Z-order (:func:`rh3dgs.gaussians.morton_order`), so the passes' reads
+   and writes of per-Gaussian rows (means, sums) that one tile visits share cache lines and pages (the
+   benchmark's passes ~25 % faster than in the scene's own order); the results are returned in the
+   scene's order. **Subspace** (teachers with D > ``LiftConfig.subspace``, e.g. CLIP's 512): the maps are seen through
    their top principal directions P [D, k] (z -> P^T z, renormalised); the means below are taken on the
    sphere of that subspace and mapped back, mu <- P mu.
 1. **Initial pass**: the normalised weighted Euclidean mean, ``mu_i = normalize(sum w z)``, with per Gaussian
@@ -18,7 +21,9 @@ The algorithm (:func:`lift`):
    sum omega and sum omega Log_mu(z), omega = w min(1, delta / d(mu, z)), and steps
    mu <- Exp_mu(sum omega Log / sum omega), until the 99th percentile of the step angles is below ``tol``.
    A Gaussian's step depends on its own mean only, so one whose step fell below ``tol`` stops there and
-   the later passes replay only the contributions of those still moving.
+   the later passes replay only the contributions of those still moving. Every second pass extrapolates
+   each Gaussian's step to the end of its linear convergence (Aitken, :func:`aitken_factor`;
+   ``LiftConfig.extrapolate``).
 4. **Filling**: Gaussians without a feature take their observed 3D neighbours'
    (:func:`rh3dgs.fill.fill_from_neighbours`).
 5. **Decoder**: uncentred weighted PCA of the features (:func:`pca_decoder`): latents and a linear decoder.
@@ -45,13 +50,13 @@ from torch import Tensor
 from .cameras import Cameras
 from .errors import ConfigError
 from .fill import fill_from_neighbours
-from .gaussians import Gaussians
+from .gaussians import Gaussians, morton_order
 from .lift_views import LiftViews
 from .sphere import sphere_exp_
 from .teachers.maps import ProjectedMaps, TeacherMaps, map_dim, principal_basis
 from .vcd import VCDConfig
 
-__all__ = ["LiftConfig", "LiftResult", "lift", "pca_decoder", "fill_from_neighbours"]
+__all__ = ["LiftConfig", "LiftResult", "lift", "pca_decoder", "aitken_factor", "fill_from_neighbours"]
 
 @dataclass
 class LiftConfig:
@@ -67,10 +72,19 @@ class LiftConfig:
     """Huber threshold in radians (~11 degrees): residuals beyond it count linearly. On development draws
     0.35 suited patch-token teachers (their samples are blends, not outliers) and 0.1-0.15 mask teachers
     (whose errors are whole-mask outliers) best; 0.2 is within ~0.5 mIoU of the best for both."""
-    iters: int = 5
-    """Maximum IRLS passes over all views after the initial Euclidean pass. On the synthetic
-    benchmark 3 passes leave a mean angle of ~1e-3 rad (99th percentile ~1e-2) to the
-    converged robust mean; each pass costs about one render of the views with D channels."""
+    iters: int = 3
+    """Maximum IRLS passes over all views after the initial Euclidean pass; each costs about one render of
+    the views with D channels (a replay of the recorded contributions where they are kept). With
+    ``extrapolate``, 3 passes leave the benchmark's worst case (random maps, 50k Gaussians) closer to the
+    converged robust mean than 5 plain passes did (mean angle 7e-4 against 1.6e-3 rad, 99th percentile
+    1.6e-2 against 2.2e-2)."""
+    extrapolate: bool = True
+    """Every second IRLS pass, lengthen each Gaussian's step by Aitken's factor 1 / (1 - r), r = |step| /
+    |previous step| (its rate of linear convergence, clipped to ``max_rate``; :func:`aitken_factor`). The
+    Huber IRLS converges linearly, slowly where a Gaussian's samples disagree (r ~ 0.6 on random maps),
+    and the extrapolation jumps to where the geometric series of its steps ends. False: plain IRLS."""
+    max_rate: float = 0.8
+    """Largest rate r the extrapolation trusts (a factor of at most 1 / (1 - max_rate) = 5)."""
     tol: float = 5e-3
     """Stop when the ``tol_quantile`` quantile of the per-Gaussian step angles (radians) is below this; a
     Gaussian whose own step is below it stops moving before that (the later passes skip it). 5e-3
@@ -161,6 +175,8 @@ class LiftConfig:
             raise ConfigError(f"LiftConfig.delta must be > 0 radians, got {self.delta}")
         if self.subspace < 0:
             raise ConfigError(f"LiftConfig.subspace must be >= 0 (0 = the full teacher dimension), got {self.subspace}")
+        if not 0.0 <= self.max_rate < 1.0:
+            raise ConfigError(f"LiftConfig.max_rate must be in [0, 1), got {self.max_rate}")
         if self.iters < 0 or self.views_per_batch < 1 or self.max_batch_gaussians < 1:
             raise ConfigError("LiftConfig.iters must be >= 0, views_per_batch and max_batch_gaussians >= 1")
 
@@ -194,6 +210,22 @@ class LiftResult:
         from .field import SemanticField
 
         return SemanticField(self.latents, self.decoder, self.valid, self.filled)
+
+
+def aitken_factor(norms: Tensor, prev: Tensor, max_rate: float = 0.8) -> Tensor:
+    """[N] Aitken's extrapolation factors of linearly converging steps: 1 / (1 - r), r = norms / prev.
+
+    A fixed-point iteration that converges linearly takes steps s_k ~ r^k s_0 along a line; their sum from
+    step k on is s_k / (1 - r), so stepping by s_k / (1 - r) lands where the iteration ends. r is each row's
+    rate, the ratio of its step length ``norms`` to the previous one ``prev`` ([N] each); where it is not in
+    (0, 1) (a step that grew, or none) the factor is 1, and r is clipped to ``max_rate`` (a factor of at most
+    1 / (1 - max_rate)).
+
+    >>> aitken_factor(torch.tensor([0.05, 0.2, 0.0]), torch.tensor([0.1, 0.1, 0.0]))
+    tensor([2., 1., 1.])
+    """
+    r = norms / prev.clamp_min(1e-30)
+    return torch.where((r > 0) & (r < 1), 1.0 / (1.0 - r.clamp_max(max_rate)), torch.ones_like(r))
 
 
 def pca_decoder(features: Tensor, weight: Tensor, d: int, basis: Optional[Tensor] = None) -> tuple:
@@ -242,6 +274,8 @@ def lift(
     if cfg.subspace and B > 0 and map_dim(teacher_maps) > cfg.subspace:
         basis = principal_basis(teacher_maps, cfg.subspace, views=B).to(gaussians.device)
         teacher_maps = ProjectedMaps(teacher_maps, basis, B)
+    order = morton_order(gaussians.means)  # the scene in space-filling-curve order (step 0; undone at the end)
+    gaussians = gaussians[order]
     views = LiftViews(gaussians, cameras, teacher_maps, cfg)  # the view stream and its caches across passes
     weight, acc_v, mass = views.aggregate("init", description="lift: initial mean", progress=progress)
     visibility = weight / mass.clamp_min(1e-30)
@@ -251,12 +285,18 @@ def lift(
     if cfg.method != "euclidean":
         delta = cfg.delta if cfg.method == "robust" else math.inf
         active = valid.clone()  # Gaussians still moving: each one's IRLS depends on its own mean only
+        prev: Optional[Tensor] = None  # the previous pass's step lengths, when that pass was not extrapolated
         for it in range(cfg.iters):
             acc_w, acc_v, _ = views.aggregate("irls", mu, delta, f"lift: IRLS pass {it + 1}", progress, active)
             step = acc_v.div_(acc_w.clamp_min(1e-12)[:, None]).mul_(active[:, None])  # in place: N x D floats each
             del acc_v
             norms = step.norm(dim=-1)
-            mu = sphere_exp_(mu, step).mul_(valid[:, None])
+            if cfg.extrapolate and prev is not None:  # every second pass: the end of each one's geometric series
+                mu = sphere_exp_(mu, step.mul_(aitken_factor(norms, prev, cfg.max_rate)[:, None])).mul_(valid[:, None])
+                prev = None
+            else:
+                mu = sphere_exp_(mu, step).mul_(valid[:, None])
+                prev = norms
             q_step = float(torch.quantile(norms[valid][:1_000_000], cfg.tol_quantile)) if bool(valid.any()) else 0.0
             steps.append(q_step)
             if q_step < cfg.tol:
@@ -274,6 +314,10 @@ def lift(
     if cfg.latent_dim > 0 and N > 0:  # in the subspace's coordinates when there is one (k x k moments)
         decoder, latents = pca_decoder(mu, weight * observed, cfg.latent_dim, basis)
         latents = latents * valid[:, None]
+    inv = torch.empty_like(order)
+    inv[order] = torch.arange(N, device=order.device)  # back to the scene's order
+    mu, weight, visibility, valid, observed, filled = (t[inv] for t in (mu, weight, visibility, valid, observed, filled))
+    latents = None if latents is None else latents[inv]
     if basis is not None:  # back to the teacher's space: unit rows stay unit (orthonormal columns)
         mu = mu @ basis.T
     info = {"method": cfg.method, "use_vcd": cfg.use_vcd, "guided": cfg.guided, "passes": 1 + len(steps),

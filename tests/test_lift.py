@@ -115,6 +115,43 @@ def test_lift_streams_maps_and_is_deterministic():
     assert sorted(set(calls)) == list(range(len(cams)))
 
 
+def test_lift_is_independent_of_the_scenes_order():
+    """The lift runs on the scene in Z-order (morton_order) and answers in the scene's own order."""
+    gs, cams, maps = _dense_scene(n=5000)  # some Gaussians hidden in every view: filled ones too
+    perm = torch.randperm(len(gs), generator=torch.Generator().manual_seed(0))
+    cfg = LiftConfig(views_per_batch=2, latent_dim=4)
+    a, b = lift(gs, cams, maps, cfg, progress=False), lift(gs[perm], cams, maps, cfg, progress=False)
+    assert int(a.filled.sum()) > 0 and a.info["passes"] > 2
+    for name in ("valid", "filled"):
+        assert torch.equal(getattr(b, name), getattr(a, name)[perm]), name
+    for name in ("features", "weight", "visibility", "latents"):
+        torch.testing.assert_close(getattr(b, name), getattr(a, name)[perm], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(b.decoder, a.decoder, atol=1e-6, rtol=1e-5)
+    assert a.info["observed"] == b.info["observed"] and a.info["hidden"] == b.info["hidden"]
+
+
+def test_extrapolated_irls_ends_nearer_the_robust_mean():
+    """Aitken's extrapolation every second pass (LiftConfig.extrapolate): where a Gaussian's samples disagree
+    (random maps) the IRLS converges slowly, and 3 extrapolated passes end nearer the converged robust mean
+    than 3 or 5 plain ones."""
+    from rh3dgs.lifting import aitken_factor
+
+    torch.testing.assert_close(aitken_factor(torch.tensor([0.05, 0.2, 0.0, 0.09]), torch.tensor([0.1, 0.1, 0.0, 0.1])),
+                               torch.tensor([2.0, 1.0, 1.0, 5.0]))  # r = 0.5; grew; none; 0.9 clipped to 0.8
+    gs, cams, maps = random_lift_scene(1500, 6, 48, 8, 5, map_offset=0.3)
+    kw = dict(views_per_batch=3, latent_dim=0, fill=False, tol=0.0)  # tol 0: every pass runs
+    conv = lift(gs, cams, maps, LiftConfig(iters=300, extrapolate=False, **kw), progress=False)
+    ok = conv.valid
+
+    def err(**over):
+        f = lift(gs, cams, maps, LiftConfig(**{**kw, **over}), progress=False).features
+        return float(geodesic_distance(f[ok].double(), conv.features[ok].double()).mean())
+
+    ext3, plain3, plain5 = err(iters=3), err(iters=3, extrapolate=False), err(iters=5, extrapolate=False)
+    assert ext3 < 0.5 * plain3 and ext3 < plain5, (ext3, plain3, plain5)
+    assert err(iters=300) < 1e-4  # extrapolating, the IRLS still converges to the same mean
+
+
 def _dense_scene(n=20000, views=4, size=48, D=8, seed=2):
     """Small Gaussians, many per pixel: most pixels end (T -> 1e-4), most Gaussians are hidden in a view."""
     return random_lift_scene(n, views, size, D, seed, scale=0.04, opacity=(0.2, 0.75), map_offset=1.0)
@@ -415,17 +452,19 @@ def test_pca_decoder_in_a_subspace_equals_the_full_pca():
 
 def test_subspace_lift_keeps_the_dominant_directions_of_noisy_maps():
     """D = 96 maps: 4 class directions plus isotropic noise. In the span of the classes the 8-d subspace lift
-    gives each Gaussian the full-D answer (cosine > 0.99), with less of the noise outside it."""
+    gives the Gaussians the full-D answer (converged means: median cosine > 0.999, 99 % of them > 0.98; the
+    few whose samples split between classes, where the Huber objective is flat, > 0.95), with less of the
+    noise outside it."""
     gs, cams, _ = _scene(n=400, views=4, size=32, D=8, seed=4)
     g = torch.Generator().manual_seed(2)
     protos = torch.linalg.qr(torch.randn(96, 4, generator=g))[0].T  # 4 orthonormal class directions
     cls = torch.randint(0, 4, (4, 8, 8), generator=g)
     maps = torch.nn.functional.normalize(protos[cls] + 0.05 * torch.randn(4, 8, 8, 96, generator=g), dim=-1)
-    kw = dict(iters=3, latent_dim=0, views_per_batch=2)
+    kw = dict(iters=40, tol=1e-6, latent_dim=0, views_per_batch=2)
     full = lift(gs, cams, maps, LiftConfig(subspace=0, **kw), progress=False)
     sub = lift(gs, cams, maps, LiftConfig(subspace=8, **kw), progress=False)
     ok = full.valid
     a, b = sub.features[ok] @ protos.T, full.features[ok] @ protos.T  # class coordinates
     cos = (torch.nn.functional.normalize(a, dim=-1) * torch.nn.functional.normalize(b, dim=-1)).sum(-1)
-    assert float(cos.min()) > 0.99 and float(cos.median()) > 0.999
+    assert float(cos.median()) > 0.999 and float(torch.quantile(cos, 0.01)) > 0.98 and float(cos.min()) > 0.95
     assert float(a.norm(dim=-1).median()) > float(b.norm(dim=-1).median()) + 0.02  # the noise removed
