@@ -11,6 +11,7 @@ Training-free lift (float32 unless noted), N Gaussians, V views of H x W, teache
 4M), ``t`` CPU threads:
 
 * per-Gaussian state: mu, accumulators, IRLS step   N * (3 D + 3) * 4
+  and the scene's copy in Z-order (``morton_order``)  N * (59 * 4 + 16)  (SH degree 3; its order, inverse)
 * per-thread accumulators (CPU aggregate op)        t * N * (D + 2) * 4
 * one batch of projections while they are computed  b * N * 200      (CPU: gsplat's torch projection
                                                                        temporaries; 56 B kept: means2d,
@@ -144,7 +145,8 @@ def lift_memory_estimate(n: int, views: int, height: int, width: int, dim: int, 
     b = max(1, min(per_batch, views))
     hw = height * width
     detail = {
-        "gaussian_state": n * (3 * dim + 3) * 4 + (n * full_dim * 4 if full_dim > dim else 0),
+        # + the scene's copy in Z-order (up to SH degree 3: 59 floats) with the order and its inverse (int64)
+        "gaussian_state": n * (3 * dim + 3) * 4 + (n * full_dim * 4 if full_dim > dim else 0) + n * (59 * 4 + 16),
         "thread_accumulators": t * n * (dim + 2) * 4,
         "batch_projections": b * n * 200,
         "batch_teacher_maps": b * hw * dim * 4,
