@@ -9,7 +9,7 @@ The algorithm (:func:`lift`):
 
 0. **Order**: the scene is lifted in Z-order (:func:`rh3dgs.gaussians.morton_order`), so the passes' reads
    and writes of per-Gaussian rows (means, sums) that one tile visits share cache lines and pages (the
-   benchmark's passes ~25 % faster than in the scene's own order); the results are returned in the
+   benchmark's passes 17-25 % faster than in the scene's own order); the results are returned in the
    scene's order. **Subspace** (teachers with D > ``LiftConfig.subspace``, e.g. CLIP's 512): the maps are seen through
    their top principal directions P [D, k] (z -> P^T z, renormalised); the means below are taken on the
    sphere of that subspace and mapped back, mu <- P mu.
@@ -275,7 +275,8 @@ def lift(
         basis = principal_basis(teacher_maps, cfg.subspace, views=B).to(gaussians.device)
         teacher_maps = ProjectedMaps(teacher_maps, basis, B)
     order = morton_order(gaussians.means)  # the scene in space-filling-curve order (step 0; undone at the end)
-    gaussians = gaussians[order]
+    with torch.no_grad():  # a copy of the values (a trained model's parameters need no graph here)
+        gaussians = gaussians[order]
     views = LiftViews(gaussians, cameras, teacher_maps, cfg)  # the view stream and its caches across passes
     weight, acc_v, mass = views.aggregate("init", description="lift: initial mean", progress=progress)
     visibility = weight / mass.clamp_min(1e-30)
