@@ -293,11 +293,11 @@ def lift(
             del acc_v
             norms = step.norm(dim=-1)
             if cfg.extrapolate and prev is not None:  # every second pass: the end of each one's geometric series
-                mu = sphere_exp_(mu, step.mul_(aitken_factor(norms, prev, cfg.max_rate)[:, None])).mul_(valid[:, None])
+                step.mul_(aitken_factor(norms, prev, cfg.max_rate)[:, None])
                 prev = None
             else:
-                mu = sphere_exp_(mu, step).mul_(valid[:, None])
                 prev = norms
+            mu = sphere_exp_(mu, step).mul_(valid[:, None])
             q_step = float(torch.quantile(norms[valid][:1_000_000], cfg.tol_quantile)) if bool(valid.any()) else 0.0
             steps.append(q_step)
             if q_step < cfg.tol:

@@ -130,7 +130,7 @@ struct ThreadSums {
   float *w = nullptr, *raw = nullptr, *v = nullptr;
   void init(int64_t NG, int64_t D) {
     const size_t n = (size_t)NG * (D + 2);
-    buf = huge_floats(n);
+    buf = huge_array<float>(n);
     std::memset(buf.get(), 0, n * sizeof(float));
     w = buf.get(), raw = w + NG, v = raw + NG;
   }

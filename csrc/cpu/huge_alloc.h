@@ -109,6 +109,4 @@ inline std::unique_ptr<T[], HugeDeleter> huge_array(size_t n) {
   return std::unique_ptr<T[], HugeDeleter>(static_cast<T*>(huge_malloc(n * sizeof(T))), HugeDeleter{n * sizeof(T)});
 }
 
-inline std::unique_ptr<float[], HugeDeleter> huge_floats(size_t n) { return huge_array<float>(n); }
-
 }  // namespace rh3dgs

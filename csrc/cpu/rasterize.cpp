@@ -236,7 +236,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
   // Per-intersection gradient rows: [xy(2), conic(3), opacity(1), depth(1), features(C)].
   const int64_t S = 7 + C;
   // Zeroed per tile inside the parallel loop (every intersection belongs to exactly one tile).
-  const auto isect_grad = huge_floats((size_t)n_isects * S);
+  const auto isect_grad = huge_array<float>((size_t)n_isects * S);
 
   const float* xy = means2d.data_ptr<float>();
   const float* con = conics.data_ptr<float>();
