@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional
 
 import torch
@@ -275,8 +275,8 @@ def lift(
         basis = principal_basis(teacher_maps, cfg.subspace, views=B).to(gaussians.device)
         teacher_maps = ProjectedMaps(teacher_maps, basis, B)
     order = morton_order(gaussians.means)  # the scene in space-filling-curve order (step 0; undone at the end)
-    with torch.no_grad():  # a copy of the values (a trained model's parameters need no graph here)
-        gaussians = gaussians[order]
+    with torch.no_grad():  # a copy of what the lift reads (no graph for a trained model's parameters; its latents
+        gaussians = replace(gaussians, latents=None, extra={})[order]  # and extra fields are not read)
     views = LiftViews(gaussians, cameras, teacher_maps, cfg)  # the view stream and its caches across passes
     weight, acc_v, mass = views.aggregate("init", description="lift: initial mean", progress=progress)
     visibility = weight / mass.clamp_min(1e-30)
