@@ -73,15 +73,16 @@ TORCH_LIBRARY(rh3dgs, m) {
       "aggregate_sphere(Tensor means2d, Tensor conics, Tensor opacities, Tensor pixel_feats, "
       "Tensor pixel_weights, Tensor mu, float delta, int mode, int num_gaussians, int tile_size, "
       "Tensor isect_offsets, Tensor flatten_ids) -> (Tensor, Tensor, Tensor)");
-  // aggregate_sphere over contributions recorded by rasterize_record instead of a traversal (any
-  // pixel_feats [B,H,W,D] and pixel_weights [B,H,W] of the recorded views, any mu): bit-identical to
-  // aggregate_sphere on those views with as many threads.
+  // aggregate_sphere over contributions recorded by rasterize_record instead of a traversal: R >= 1
+  // recordings (list i: recording i's six tensors, and pixel_feats [B_i,H_i,W_i,D] and pixel_weights
+  // [B_i,H_i,W_i] of its views), any mu [N,D]. One recording: bit-identical to aggregate_sphere on its
+  // views with as many threads; several: the sum of theirs (each thread's sums added in list order).
   // active [num_gaussians] bool (optional): the contributions of Gaussians with active False are
   // skipped (their sums are 0; the rest unchanged, bit for bit).
   m.def(
-      "aggregate_sphere_replay(Tensor seg_offsets, Tensor pair_offsets, Tensor segments, Tensor lanes, "
-      "Tensor weights, Tensor masses, Tensor pixel_feats, Tensor pixel_weights, Tensor mu, float delta, int mode, "
-      "Tensor? active=None) -> (Tensor, Tensor, Tensor)");
+      "aggregate_sphere_replay(Tensor[] seg_offsets, Tensor[] pair_offsets, Tensor[] segments, Tensor[] lanes, "
+      "Tensor[] weights, Tensor[] masses, Tensor[] pixel_feats, Tensor[] pixel_weights, Tensor mu, float delta, "
+      "int mode, Tensor? active=None) -> (Tensor, Tensor, Tensor)");
   // Relevancy of latent rows f [P, d] for folded queries pos [Q, d] against folded negatives
   // neg [J, d], with R [r, d] (R^T R = decoder^T decoder, so |decoder f| = |R f|):
   //   rel[p, q] = sigmoid(tau (cos(q, f) - max_j cos(neg_j, f))), cos(x, f) = <x, f> / |R f|.

@@ -12,8 +12,8 @@ allows to keep (budget ``CACHE_BYTES``, ~2 GB):
   recording kernel (CPU), the first pass's render also records the (pixel, Gaussian) contributions it
   composites (``render(record=True)``, ~13 bytes each, up to half the budget; the first chunk that does
   not fit ends the recording) and every pass, the first included, replays them with the pixel weights
-  and maps that render gave (``aggregate_sphere_replay``): the sums of a traversal, bit for bit, with
-  one compositing of each view in all;
+  and maps that render gave (``aggregate_sphere_replay``, all recorded chunks in one call): the sums of
+  the chunks' traversals, each thread's added in chunk order, with one compositing of each view in all;
 * **compact** (when the full cache does not fit and there are IRLS passes) - per view only the
   Gaussians that can matter: those that composite onto a pixel of weight > 0 (contributors), plus
   those that *end* such a pixel (alpha >= 1/255 where the transmittance would fall to 1e-4; found by a
@@ -281,6 +281,7 @@ class LiftViews:
         view: (acc_w [N], acc_v [N, D], acc_raw [N]). The "init" pass fills the caches. ``active`` [N] bool: only
         those Gaussians' sums are needed (the others' are then whatever the path gives: replays skip them)."""
         sums = _Sums(self.N)
+        replay: List[Tuple[Contributions, Tensor, Tensor]] = []  # the recorded chunks: replayed in one call below
         for ci in track(range(len(self.chunks)), description=description, disable=not progress):
             if ci in self.compacts:
                 views = self.compacts[ci]
@@ -290,7 +291,7 @@ class LiftViews:
                 continue
             proj, w, maps = self.view_chunk(ci)  # rendered (and recorded) by the first pass
             if ci in self.recorded:
-                sums.add(aggregate_sphere_replay(self.recorded[ci], maps, w, mu, delta, mode, active))
+                replay.append((self.recorded[ci], maps, w))
                 continue
             if mode == "init" and self.plan.cache == "compact":
                 self._compact_chunk(ci, proj, w, maps)
@@ -302,6 +303,9 @@ class LiftViews:
                                           proj.flatten_ids, proj.tile_size, mu=mu, delta=delta, mode=mode))
                 del proj, w  # before the next chunk is rendered
             del maps
+        if replay:  # one call for all recorded chunks: one set of per-thread sums to clear and add up per pass
+            recs, maps, ws = (list(x) for x in zip(*replay))
+            sums.add(aggregate_sphere_replay(recs, maps, ws, mu, delta, mode, active))
         if not sums.acc:  # no views, or no Gaussian seen
             D = map_dim(self.teacher_maps)
             z = lambda *s: torch.zeros(*s, device=self.dev)  # noqa: E731

@@ -109,10 +109,17 @@ def test_lift_streams_maps_and_is_deterministic():
 
     a = lift(gs, cams, provider, LiftConfig(iters=2, views_per_batch=2, cache_projections=False, compact_cache=False),
              progress=False)
-    b = lift(gs, cams, maps, LiftConfig(iters=2, views_per_batch=2), progress=False)
+    b = lift(gs, cams, maps, LiftConfig(iters=2, views_per_batch=2, record_contributions=False), progress=False)
     assert a.info["cache"] == "none" and b.info["cache"] == "full"
     assert torch.equal(a.features, b.features) and torch.equal(a.weight, b.weight)
     assert sorted(set(calls)) == list(range(len(cams)))
+    # replayed from the recording (all chunks in one call per pass): the same sums up to their order, and the
+    # same bits from run to run
+    c, d = (lift(gs, cams, maps, LiftConfig(iters=2, views_per_batch=2), progress=False) for _ in range(2))
+    assert c.info["recorded_chunks"] == (len(cams) + 1) // 2
+    torch.testing.assert_close(c.weight, b.weight, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(c.features, b.features, rtol=0, atol=1e-5)
+    assert torch.equal(c.features, d.features) and torch.equal(c.weight, d.weight)
 
 
 def test_lift_is_independent_of_the_scenes_order():
@@ -168,10 +175,19 @@ def test_compact_cache_is_exact(use_vcd):
     assert full.info["cache"] == "full" and comp.info["cache"] == "compact"  # compact by default when not full
     assert comp.info["compact_views"] == len(cams)
     # the full cache on CPU records the contributions its render composites and every pass replays them:
-    # the very same sums
-    rec = lift(gs, cams, maps, LiftConfig(views_per_batch=1, cache_projections=True, **kw), progress=False)
-    assert rec.info["recorded_chunks"] == len(cams) and full.info["recorded_chunks"] == 0
-    assert torch.equal(rec.features, full.features) and torch.equal(rec.weight, full.weight)
+    # the very same sums for one chunk of views; for several, replayed in one call, each thread's sums are added
+    # over the chunks before the threads' are added up (the same up to that order)
+    for per in (len(cams), 1):
+        rec = lift(gs, cams, maps, LiftConfig(views_per_batch=per, cache_projections=True, **kw), progress=False)
+        trav = lift(gs, cams, maps, LiftConfig(views_per_batch=per, cache_projections=True, record_contributions=False,
+                                               **kw), progress=False)
+        assert rec.info["recorded_chunks"] == len(cams) // per and trav.info["recorded_chunks"] == 0
+        if per > 1:
+            assert torch.equal(rec.features, trav.features) and torch.equal(rec.weight, trav.weight)
+        else:
+            torch.testing.assert_close(rec.weight, trav.weight, rtol=1e-6, atol=1e-7)
+            torch.testing.assert_close(rec.features, trav.features, rtol=0, atol=1e-5)
+            assert torch.equal(rec.valid, trav.valid)
     assert comp.info["compact_gaussians_per_view"] < 0.6 * len(gs)  # many Gaussians dropped per view
     # one view per batch: the per-view sums are added in the same order, so bit-identical
     assert torch.equal(full.features, comp.features) and torch.equal(full.weight, comp.weight)
@@ -246,7 +262,8 @@ def test_compact_cache_needs_the_pixel_ending_gaussians(monkeypatch):
 
     gs, cams, maps = _dense_scene(seed=4)
     cfg = LiftConfig(iters=2, views_per_batch=1, cache_projections=False, latent_dim=0)
-    ref = lift(gs, cams, maps, LiftConfig(iters=2, views_per_batch=1, latent_dim=0), progress=False)
+    ref = lift(gs, cams, maps, LiftConfig(iters=2, views_per_batch=1, latent_dim=0, record_contributions=False),
+               progress=False)  # the full cache's traversal: the compact sums bit for bit
     orig, calls = lift_mod.aggregate_sphere, []
 
     def contributors_only(*args, **kw):
@@ -301,7 +318,8 @@ def test_compact_cache_with_maps_larger_than_the_image():
     gs, cams, _ = _dense_scene(n=6000, views=3, seed=6)
     big = torch.nn.functional.normalize(torch.randn(3, 2 * cams.height, 2 * cams.width, 8,
                                                     generator=torch.Generator().manual_seed(0)) + 1.0, dim=-1)
-    ref = lift(gs, cams, big, LiftConfig(iters=2, views_per_batch=1, latent_dim=0), progress=False)
+    ref = lift(gs, cams, big, LiftConfig(iters=2, views_per_batch=1, latent_dim=0, record_contributions=False),
+               progress=False)
     res = lift(gs, cams, big, LiftConfig(iters=2, views_per_batch=1, latent_dim=0, cache_projections=False),
                progress=False)
     assert res.info["compact_views_with_maps"] == 3

@@ -120,6 +120,38 @@ def test_recorded_contributions_replay_the_traversal(D):
         with pytest.raises(ShapeError, match="recorded on"):  # maps of another render than the recorded one
             aggregate_sphere_replay(rec, f, w, mu, 0.3, "irls")
     with pytest.raises(RuntimeError, match="larger render"):  # the op's own guard, called directly
-        torch.ops.rh3dgs.aggregate_sphere_replay(rec.seg_offsets, rec.pair_offsets, rec.segments, rec.lanes,
-                                                 rec.weights, rec.masses, feats[:1].contiguous(),
-                                                 weights[:1].contiguous(), mu, 0.3, 1, None)
+        torch.ops.rh3dgs.aggregate_sphere_replay([rec.seg_offsets], [rec.pair_offsets], [rec.segments], [rec.lanes],
+                                                 [rec.weights], [rec.masses], [feats[:1].contiguous()],
+                                                 [weights[:1].contiguous()], mu, 0.3, 1, None)
+
+
+@pytest.mark.parametrize("D", [12, 64])
+def test_replay_of_several_recordings_is_the_sum_of_their_passes(D):
+    """Recordings of different views replayed in one call: the sum of their separate replays (each thread's sums
+    added over the recordings first: equal up to that order), with `active` and the shape checks per recording."""
+    from rh3dgs.ops import aggregate_sphere_replay
+
+    g = torch.Generator().manual_seed(3)
+    parts = []
+    for b, seed in ((2, 0), (1, 1), (3, 2)):  # three renders of the same 70 Gaussians, 1-3 views each
+        s = random_projected(b, 70, 3, 40, 31, seed=seed)
+        rec = _recorded(s, channels=3)[0].contributions
+        feats = torch.nn.functional.normalize(torch.randn(b, 31, 40, D, generator=g), dim=-1)
+        parts.append((rec, feats, torch.rand(b, 31, 40, generator=g)))
+    mu = torch.nn.functional.normalize(torch.randn(70, D, generator=g), dim=-1)
+    active = torch.rand(70, generator=g) < 0.7
+    recs, feats, weights = (list(x) for x in zip(*parts))
+    for mode, delta, act in (("init", math.inf, None), ("irls", 0.3, None), ("irls", 0.3, active)):
+        both = aggregate_sphere_replay(recs, feats, weights, mu, delta, mode, act)
+        each = [aggregate_sphere_replay(r, f, w, mu, delta, mode, act) for r, f, w in parts]
+        for k, got in enumerate(both):
+            torch.testing.assert_close(got, sum(e[k] for e in each), rtol=1e-6, atol=1e-6)
+        assert both[0].gt(0).sum() > 30 and (act is None or not both[1][~act].any())
+    # one recording in a list: its own replay, bit for bit
+    for a, b in zip(aggregate_sphere_replay(recs[:1], feats[:1], weights[:1], mu, 0.3, "irls"),
+                    aggregate_sphere_replay(recs[0], feats[0], weights[0], mu, 0.3, "irls")):
+        assert torch.equal(a, b)
+    with pytest.raises(ShapeError, match="recorded on"):  # each recording's maps are checked against it
+        aggregate_sphere_replay(recs, [feats[0], feats[0], feats[2]], weights, mu, 0.3, "irls")
+    with pytest.raises(ShapeError, match="as many"):
+        aggregate_sphere_replay(recs, feats[:2], weights, mu, 0.3, "irls")

@@ -290,10 +290,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_cpu(
 // The replay of recorded contributions (rasterize_record: w = alpha T and alpha per contribution) with
 // the pass's pixel weights: contribution (w, alpha) of pixel u adds (w pw(u), alpha pw(u)) as the
 // traversal's does, and pixels of weight <= 0 (or NaN) contribute nothing, as the traversal closes them.
+// One recording (a render of B views: n_lists tile lists) with the pass's maps pf and weights pw of its views.
 struct Recorded {
   const int32_t* segs;
   const uint8_t* lanes;
   const float *ws, *masses;
+  const int64_t *so, *po;  // [n_lists + 1] list offsets into segs and into the per-pair arrays
+  int64_t n_lists;
+  const float *pf, *pw;
 };
 
 // The IRLS replay of one recorded list (segments [s, s_end), contributions from p on) in blocks of
@@ -303,11 +307,11 @@ struct Recorded {
 // ~60 cycles that the out-of-order window overlaps with little else; a block keeps the units busy. Same
 // per-contribution arithmetic and order as SegmentSums::add<1>: bit-identical sums.
 template <int CT>
-void replay_irls_blocks(int64_t s, int64_t s_end, int64_t p, const Recorded& r, const float* pf, const float* pw,
-                        const float* m, float fdelta, const bool* active, float* acc_w, float* acc_raw,
-                        float* acc_v) {
+void replay_irls_blocks(int64_t s, int64_t s_end, int64_t p, const Recorded& r, const float* m, float fdelta,
+                        const bool* active, float* acc_w, float* acc_raw, float* acc_v) {
   static_assert(CT > 0 && CT % 16 == 0, "blocks need a compiled feature dimension");
   constexpr int64_t D = CT;
+  const float *pf = r.pf, *pw = r.pw;
   constexpr int kB = kNativeLanes;
   alignas(64) float cb[kB], wb[kB], ob[kB], sb[kB], cvb[kB], mb[kB];
   const float* zb[kB];  // nullptr: no contribution, only the end of a segment (its last pixel had weight 0)
@@ -359,23 +363,28 @@ void replay_irls_blocks(int64_t s, int64_t s_end, int64_t p, const Recorded& r, 
 }
 
 // Replays the recorded tile lists as aggregate_tiles' threads traverse the tiles: worker w of T takes
-// the tiles w, w + T, ... in order into buffer w, and the buffers are summed in worker order, through
-// the same per-contribution arithmetic (SegmentSums), so the result is bit-identical to a traversal
-// with T threads (T = the thread count now).
+// the tiles w, w + T, ... of each recording in order into buffer w, and the buffers are summed in worker
+// order, through the same per-contribution arithmetic (SegmentSums), so the result of one recording is
+// bit-identical to a traversal of its views with T threads (T = the thread count now); that of several,
+// to their traversals' per-thread sums added in recording order (one pass over all chunks of a lift: one
+// set of thread buffers to clear and sum instead of one per chunk).
 template <int CT, int MODE>
-void replay_lists(int64_t n_lists, const int64_t* so, const int64_t* po, const Recorded& r, const float* pf,
-                  const float* pw, const float* m, int64_t D_rt, float fdelta, const bool* active,
+void replay_lists(const std::vector<Recorded>& recs, const float* m, int64_t D_rt, float fdelta, const bool* active,
                   std::vector<ThreadSums>& th, int64_t NG) {
   const int64_t D = CT > 0 ? CT : D_rt, workers = (int64_t)th.size();
   at::parallel_for(0, workers, 1, [&](int64_t w0, int64_t w1) {
     std::vector<float> scratch(D), prod(D);
     for (int64_t wk = w0; wk < w1; ++wk) th[wk].init(NG, D);
-    for (int64_t wk = w0; wk < w1; ++wk) for (int64_t t = wk; t < n_lists; t += workers) {
+    for (int64_t wk = w0; wk < w1; ++wk)
+    for (const Recorded& r : recs)
+    for (int64_t t = wk; t < r.n_lists; t += workers) {
+      const int64_t *so = r.so, *po = r.po;
+      const float *pf = r.pf, *pw = r.pw;
       int64_t p = po[t];
       const int64_t s_end = so[t + 1];
       float *acc_w = th[wk].w, *acc_raw = th[wk].raw, *acc_v = th[wk].v;
       if constexpr (MODE == 1 && CT > 0 && CT % 16 == 0) {
-        replay_irls_blocks<CT>(so[t], s_end, p, r, pf, pw, m, fdelta, active, acc_w, acc_raw, acc_v);
+        replay_irls_blocks<CT>(so[t], s_end, p, r, m, fdelta, active, acc_w, acc_raw, acc_v);
         continue;
       }
       for (int64_t s = so[t]; s < s_end; ++s) {
@@ -405,27 +414,40 @@ void replay_lists(int64_t n_lists, const int64_t* so, const int64_t* po, const R
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_replay_cpu(
-    const at::Tensor& seg_off_, const at::Tensor& pair_off_, const at::Tensor& segs_, const at::Tensor& lanes_,
-    const at::Tensor& ws_, const at::Tensor& masses_, const at::Tensor& pixel_feats_,
-    const at::Tensor& pixel_weights_, const at::Tensor& mu_, double delta, int64_t mode,
-    const c10::optional<at::Tensor>& active_) {
+    at::TensorList seg_off_, at::TensorList pair_off_, at::TensorList segs_, at::TensorList lanes_,
+    at::TensorList ws_, at::TensorList masses_, at::TensorList pixel_feats_, at::TensorList pixel_weights_,
+    const at::Tensor& mu_, double delta, int64_t mode, const c10::optional<at::Tensor>& active_) {
   TORCH_CHECK(mode == 0 || mode == 1, "mode must be 0 (init) or 1 (IRLS step)");
-  TORCH_CHECK(seg_off_.scalar_type() == at::kLong && pair_off_.scalar_type() == at::kLong &&
-              segs_.scalar_type() == at::kInt && lanes_.scalar_type() == at::kByte &&
-              ws_.scalar_type() == at::kFloat && masses_.scalar_type() == at::kFloat,
-              "recorded contributions have the wrong dtypes");
-  TORCH_CHECK(pixel_feats_.dim() == 4 && pixel_feats_.scalar_type() == at::kFloat, "pixel_feats must be float [B,H,W,D]");
-  const int64_t D = pixel_feats_.size(3), NG = mu_.size(0), n_lists = seg_off_.numel() - 1;
-  TORCH_CHECK(pixel_weights_.scalar_type() == at::kFloat &&
-                  pixel_weights_.sizes() == pixel_feats_.sizes().slice(0, 3),
-              "pixel_weights must be float [B,H,W] like pixel_feats");
-  TORCH_CHECK(segs_.dim() == 2 && segs_.size(1) == 3, "segments must be [S, 3]");
-  TORCH_CHECK(segs_.numel() == 0 || segs_.select(1, 1).max().item<int64_t>() < pixel_weights_.numel(),
-              "the recorded contributions are of a larger render than pixel_feats [B,H,W,D]");
-  TORCH_CHECK(mu_.dim() == 2 && mu_.size(1) == D && mu_.scalar_type() == at::kFloat, "mu must be float [N, D]");
-  const auto seg_off = seg_off_.contiguous(), pair_off = pair_off_.contiguous(), segs = segs_.contiguous();
-  const auto lanes = lanes_.contiguous(), ws = ws_.contiguous(), masses = masses_.contiguous();
-  const auto pixel_feats = pixel_feats_.contiguous(), pixel_weights = pixel_weights_.contiguous();
+  const size_t R = seg_off_.size();
+  TORCH_CHECK(R >= 1 && pair_off_.size() == R && segs_.size() == R && lanes_.size() == R && ws_.size() == R &&
+                  masses_.size() == R && pixel_feats_.size() == R && pixel_weights_.size() == R,
+              "aggregate_sphere_replay: one or more recordings, each with its pixel_feats and pixel_weights");
+  TORCH_CHECK(mu_.dim() == 2 && mu_.scalar_type() == at::kFloat, "mu must be float [N, D]");
+  const int64_t D = mu_.size(1), NG = mu_.size(0);
+  std::vector<at::Tensor> keep;  // the contiguous inputs, alive while the kernel runs
+  std::vector<Recorded> recs;
+  keep.reserve(8 * R);
+  for (size_t i = 0; i < R; ++i) {
+    TORCH_CHECK(seg_off_[i].scalar_type() == at::kLong && pair_off_[i].scalar_type() == at::kLong &&
+                segs_[i].scalar_type() == at::kInt && lanes_[i].scalar_type() == at::kByte &&
+                ws_[i].scalar_type() == at::kFloat && masses_[i].scalar_type() == at::kFloat,
+                "recorded contributions have the wrong dtypes");
+    const at::Tensor& pf = pixel_feats_[i];
+    const at::Tensor& pw = pixel_weights_[i];
+    TORCH_CHECK(pf.dim() == 4 && pf.scalar_type() == at::kFloat && pf.size(3) == D,
+                "pixel_feats must be float [B,H,W,D] with the D of mu");
+    TORCH_CHECK(pw.scalar_type() == at::kFloat && pw.sizes() == pf.sizes().slice(0, 3),
+                "pixel_weights must be float [B,H,W] like pixel_feats");
+    TORCH_CHECK(segs_[i].dim() == 2 && segs_[i].size(1) == 3, "segments must be [S, 3]");
+    TORCH_CHECK(segs_[i].numel() == 0 || segs_[i].select(1, 1).max().item<int64_t>() < pw.numel(),
+                "the recorded contributions are of a larger render than pixel_feats [B,H,W,D]");
+    for (const at::Tensor* t : {&seg_off_[i], &pair_off_[i], &segs_[i], &lanes_[i], &ws_[i], &masses_[i], &pf, &pw})
+      keep.push_back(t->contiguous());
+    const at::Tensor* k = keep.data() + keep.size() - 8;
+    recs.push_back({k[2].data_ptr<int32_t>(), k[3].data_ptr<uint8_t>(), k[4].data_ptr<float>(), k[5].data_ptr<float>(),
+                    k[0].data_ptr<int64_t>(), k[1].data_ptr<int64_t>(), k[0].numel() - 1, k[6].data_ptr<float>(),
+                    k[7].data_ptr<float>()});
+  }
   const auto mu = mu_.contiguous();
   at::Tensor active;
   if (active_.has_value()) {
@@ -437,16 +459,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_replay_cpu(
   std::vector<ThreadSums> th(workers);
   dispatch_feature_dims(D, [&](auto ct) {
     constexpr int CT = decltype(ct)::value;
-    const Recorded rec{segs.data_ptr<int32_t>(), lanes.data_ptr<uint8_t>(), ws.data_ptr<float>(),
-                       masses.data_ptr<float>()};
     auto run = [&](auto kernel) {
-      kernel(n_lists, seg_off.data_ptr<int64_t>(), pair_off.data_ptr<int64_t>(), rec, pixel_feats.data_ptr<float>(),
-             pixel_weights.data_ptr<float>(), mu.data_ptr<float>(), D, (float)delta,
-             active.defined() ? active.data_ptr<bool>() : nullptr, th, NG);
+      kernel(recs, mu.data_ptr<float>(), D, (float)delta, active.defined() ? active.data_ptr<bool>() : nullptr, th, NG);
     };
     if (mode == 0) run(replay_lists<CT, 0>); else run(replay_lists<CT, 1>);
   });
-  return sum_buffers(th, NG, D, pixel_feats.options());
+  return sum_buffers(th, NG, D, mu.options());
 }
 
 }  // namespace

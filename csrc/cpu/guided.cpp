@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "fastmath.h"
+#include "huge_alloc.h"
 
 namespace rh3dgs {
 namespace {
@@ -36,7 +37,7 @@ at::Tensor guided_upsample_cpu(const at::Tensor& map_, const at::Tensor& guide_,
   const float* m = map.data_ptr<float>();
   const float* I = guide.data_ptr<float>();
   const float* gb = gbar.data_ptr<float>();
-  auto out = at::empty({H, W, D}, map.options());
+  auto out = empty_huge({H, W, D}, map.options());  // a lift upsamples one per view: pooled pages, no faults
   float* o = out.data_ptr<float>();
   // cells with a feature (the reference's |m_q| > 1e-8)
   std::vector<uint8_t> has(h * w);

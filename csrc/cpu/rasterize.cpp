@@ -145,6 +145,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
                         const int32_t id = (int32_t)(start + k);
                         const auto fr = decltype(acc)::load(CT > 0 ? f : feat);
                         const size_t n_before = REC ? rec->w.size() : 0;
+                        uint8_t* rec_lane = nullptr;  // REC: the cursors of this segment's contributions
+                        float *rec_w = nullptr, *rec_mass = nullptr;
+                        if constexpr (REC) {
+                          rec->make_room((size_t)L);
+                          rec_lane = rec->lane.end(), rec_w = rec->w.end(), rec_mass = rec->mass.end();
+                        }
                         pairs([&](int64_t l, float a, float T) {
                           const float w = a * T;
                           if constexpr (CT > 0) acc.add(l, w, fr);
@@ -152,13 +158,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
                           rd1[l] += w * z;
                           rd2[l] += w * z * z;
                           rlast[l] = id;
-                          if constexpr (REC) {
-                            rec->lane.push_back((uint8_t)l);
-                            rec->w.push_back(w);
-                            rec->mass.push_back(a);
-                          }
+                          if constexpr (REC) *rec_lane++ = (uint8_t)l, *rec_w++ = w, *rec_mass++ = a;
                         });
-                        if constexpr (REC) rec->close_segment(n_before, fids[start + k] % N, (b * height + py) * width + x0);
+                        if constexpr (REC) {
+                          rec->commit((size_t)(rec_w - rec->w.end()));
+                          rec->close_segment(n_before, fids[start + k] % N, (b * height + py) * width + x0);
+                        }
                       });
         for (int64_t q = 0; q < nx; ++q) {
           const int64_t pix = (b * height + py) * width + x0 + q;
