@@ -39,7 +39,7 @@ Each image size gets its own synthetic dataset (the same scene and ~4k seed poin
 
 The fox row (issue 21: "on the fox data downscaled 4x, at least 50k Gaussians"): ``shared/realdata/fox``'s
 photos 4x downscaled (270x480) with the poses of bench_real's ``ns-process-data`` (COLMAP; kept in
-``outputs/bench_cache/fox_ns``, made here when missing), 50,000 seed points (:func:`fox_seeded`), the
+``outputs/bench_cache/fox_ns_4x_2x``, made here when missing), 50,000 seed points (:func:`fox_seeded`), the
 teacher ``tiny-clip`` computed at set-up and the latents initialised at random (the initialising lift of
 50k Gaussians is the start of a run, not an iteration).
 

@@ -243,8 +243,9 @@ FOX_DOWNSCALE = int(os.environ.get("RH3DGS_BENCH_FOX_DOWNSCALE", "4"))  # 1080x1
 FOX_TRAIN_DOWNSCALE = int(os.environ.get("RH3DGS_BENCH_FOX_TRAIN_DOWNSCALE", "2"))  # images_2: 135x240
 FOX_ITERS = int(os.environ.get("RH3DGS_BENCH_FOX_ITERS", "200"))
 FOX_QUERIES = ("fox", "wallpaper")
-# fox_part's ns-process-data output (outputs/ is not tracked), read by bench_nstrain's fox row
-FOX_CACHE = REPO / "outputs" / "bench_cache" / "fox_ns"
+# fox_part's ns-process-data output (outputs/ is not tracked), read by bench_nstrain's fox row; named by the two
+# downscales, so that a run with other ones (RH3DGS_BENCH_FOX_*DOWNSCALE) neither reads nor replaces this one
+FOX_CACHE = REPO / "outputs" / "bench_cache" / f"fox_ns_{FOX_DOWNSCALE}x_{FOX_TRAIN_DOWNSCALE}x"
 # the stage (label, console script, arguments) that makes work/ns from work/images
 COLMAP_STAGE = ("ns-process-data (COLMAP)", "ns-process-data", "images", "--data", "images", "--output-dir", "ns",
                 "--no-gpu", "--matching-method", "exhaustive", "--num-downscales",

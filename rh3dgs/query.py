@@ -126,7 +126,9 @@ def reduce_queries(relevancy: Tensor, index: Optional[int] = None) -> Tensor:
     """[Q, ...] relevancy -> [...]: query ``index``, or (``None``) the max over the queries."""
     if relevancy.shape[0] == 0:
         raise ConfigError("no queries to combine (give at least one positive query)")
-    return relevancy.max(dim=0).values if index is None else relevancy[index]
+    if index is None and relevancy.shape[0] > 1:
+        return relevancy.max(dim=0).values
+    return relevancy[0 if index is None else index]  # one query: its own map (a view), as the max over one
 
 
 def select_gaussians(relevancy: Tensor, threshold: float = THRESHOLD, index: Optional[int] = None) -> Tensor:

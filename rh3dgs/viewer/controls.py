@@ -102,7 +102,7 @@ def compose_output(output: str, rgb: Tensor, heat: Optional[Tensor] = None, alph
         if alpha is not None:
             img = img * (alpha.detach().cpu() >= min_alpha)[..., None]
         return _to_uint8(img)
-    rgb = rgb.detach().float().cpu().contiguous()  # a slice of an RGB + latents render is strided: copy once
+    rgb = rgb.detach().float().cpu()  # a slice of an RGB + latents render is strided: read in place (no copy)
     img = _to_uint8(rgb)
     idx = torch.nonzero((heat > threshold).reshape(-1)).squeeze(1)  # the selected pixels, flat
     if idx.numel():
