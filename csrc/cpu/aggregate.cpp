@@ -425,8 +425,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_replay_cpu(
   TORCH_CHECK(mu_.dim() == 2 && mu_.scalar_type() == at::kFloat, "mu must be float [N, D]");
   const int64_t D = mu_.size(1), NG = mu_.size(0);
   std::vector<at::Tensor> keep;  // the contiguous inputs, alive while the kernel runs
+  auto held = [&keep](const at::Tensor& t) -> const at::Tensor& { return keep.emplace_back(t.contiguous()); };
   std::vector<Recorded> recs;
-  keep.reserve(8 * R);
   for (size_t i = 0; i < R; ++i) {
     TORCH_CHECK(seg_off_[i].scalar_type() == at::kLong && pair_off_[i].scalar_type() == at::kLong &&
                 segs_[i].scalar_type() == at::kInt && lanes_[i].scalar_type() == at::kByte &&
@@ -441,12 +441,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_replay_cpu(
     TORCH_CHECK(segs_[i].dim() == 2 && segs_[i].size(1) == 3, "segments must be [S, 3]");
     TORCH_CHECK(segs_[i].numel() == 0 || segs_[i].select(1, 1).max().item<int64_t>() < pw.numel(),
                 "the recorded contributions are of a larger render than pixel_feats [B,H,W,D]");
-    for (const at::Tensor* t : {&seg_off_[i], &pair_off_[i], &segs_[i], &lanes_[i], &ws_[i], &masses_[i], &pf, &pw})
-      keep.push_back(t->contiguous());
-    const at::Tensor* k = keep.data() + keep.size() - 8;
-    recs.push_back({k[2].data_ptr<int32_t>(), k[3].data_ptr<uint8_t>(), k[4].data_ptr<float>(), k[5].data_ptr<float>(),
-                    k[0].data_ptr<int64_t>(), k[1].data_ptr<int64_t>(), k[0].numel() - 1, k[6].data_ptr<float>(),
-                    k[7].data_ptr<float>()});
+    recs.push_back({held(segs_[i]).data_ptr<int32_t>(), held(lanes_[i]).data_ptr<uint8_t>(),
+                    held(ws_[i]).data_ptr<float>(), held(masses_[i]).data_ptr<float>(),
+                    held(seg_off_[i]).data_ptr<int64_t>(), held(pair_off_[i]).data_ptr<int64_t>(),
+                    seg_off_[i].numel() - 1, held(pf).data_ptr<float>(), held(pw).data_ptr<float>()});
   }
   const auto mu = mu_.contiguous();
   at::Tensor active;
