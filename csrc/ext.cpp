@@ -88,10 +88,10 @@ TORCH_LIBRARY(rh3dgs, m) {
   //   rel[p, q] = sigmoid(tau (cos(q, f) - max_j cos(neg_j, f))), cos(x, f) = <x, f> / |R f|.
   // Returns [P, Q]. CPU kernel; elsewhere rh3dgs.ops.relevancy runs its torch reference.
   m.def("relevancy(Tensor latents, Tensor pos, Tensor neg, Tensor norm_factor, float temperature) -> Tensor");
-  // Joint bilateral upsampling of a coarse map [h, w, D] to the guide image's [H, W] (guide [H, W, 3],
-  // cell_colors [h, w, 3] = the mean guide colour of each cell's footprint): each pixel takes the cells of
+  // Joint bilateral upsampling of B coarse maps [B, h, w, D] to the guide images' [H, W] (guide [B, H, W, 3],
+  // cell_colors [B, h, w, 3] = the mean guide colour of each cell's footprint): each pixel takes the cells of
   // the (2 radius + 1)^2 neighbourhood of its own cell, weighted by distance and colour match, normalised;
-  // 0 where the weights sum below min_support. Returns [H, W, D]. CPU kernel; elsewhere
+  // 0 where the weights sum below min_support. Returns [B, H, W, D]. CPU kernel; elsewhere
   // rh3dgs.ops.guided_upsample runs its torch reference.
   m.def("guided_upsample(Tensor map, Tensor guide, Tensor cell_colors, float sigma_color, float sigma_space, "
         "int radius, float min_support) -> Tensor");

@@ -32,3 +32,15 @@ def test_guided_upsample_names_bad_shapes():
         guided_upsample(torch.rand(8, 8, 3), torch.rand(4, 4, 3))
     with pytest.raises(ShapeError, match=r"map must be \[h, w, D\] and guide \[H, W, 3\]"):
         guided_upsample(torch.rand(8, 8, 3), torch.rand(16, 16, 4))
+
+
+def test_guided_upsample_of_a_batch_is_its_views_one_by_one():
+    g = torch.Generator().manual_seed(5)
+    m = torch.nn.functional.normalize(torch.randn(3, 6, 5, 16, generator=g), dim=-1)
+    guide = torch.rand(3, 24, 20, 3, generator=g)
+    out = guided_upsample(m, guide, sigma_color=0.2)
+    assert out.shape == (3, 24, 20, 16)
+    for b in range(3):
+        assert torch.equal(out[b], guided_upsample(m[b], guide[b], sigma_color=0.2))
+    with pytest.raises(ShapeError, match=r"or \[B, h, w, D\] and \[B, H, W, 3\]\), got \[3, 6, 5, 16\] and \[2, 24"):
+        guided_upsample(m, guide[:2])

@@ -237,8 +237,11 @@ def _ref_aggregate_sphere(
 
 def _cell_colors(guide: Tensor, h: int, w: int) -> Tensor:
     """Mean colour of each cell's footprint ``[h, w, 3]`` of a guide ``[H, W, 3]`` split into h x w cells
-    (adaptive average pooling: the cells of :func:`rh3dgs.teachers.maps.guided_upsample`)."""
-    return torch.nn.functional.adaptive_avg_pool2d(guide.permute(2, 0, 1)[None], (h, w))[0].permute(1, 2, 0)
+    (adaptive average pooling: the cells of :func:`rh3dgs.teachers.maps.guided_upsample`); a batch of guides
+    ``[B, H, W, 3]`` gives ``[B, h, w, 3]``."""
+    g = guide if guide.dim() == 4 else guide[None]
+    cells = torch.nn.functional.adaptive_avg_pool2d(g.permute(0, 3, 1, 2), (h, w)).permute(0, 2, 3, 1)
+    return cells if guide.dim() == 4 else cells[0]
 
 
 @torch.no_grad()

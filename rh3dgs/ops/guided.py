@@ -38,8 +38,10 @@ def guided_upsample(m: Tensor, guide: Tensor, sigma_color: float = 0.05, sigma_s
     Args:
         m: [h, w, D] map (any rows; zero rows = no feature); guide: [H, W, 3] image in [0, 1], H >= h, W >= w
         (a map finer than the image is resized, not upsampled: :func:`rh3dgs.teachers.maps.prepare_map`).
+        Or a batch of B views, m [B, h, w, D] and guide [B, H, W, 3]: one [B, H, W, D] output (the lift's
+        chunk of views, written in place rather than stacked from per-view maps).
     Returns:
-        [H, W, D] float32 unit rows (zero where no cell with a feature is in reach).
+        [H, W, D] (or [B, H, W, D]) float32 unit rows (zero where no cell with a feature is in reach).
 
     >>> import torch
     >>> m = torch.tensor([[[1., 0.], [0., 1.]]])           # 1 x 2 cells: left "a", right "b"
@@ -48,15 +50,20 @@ def guided_upsample(m: Tensor, guide: Tensor, sigma_color: float = 0.05, sigma_s
     >>> bool(out[0, 3, 1] > out[0, 3, 0])                   # pixel 3 has b's colour: it takes b's feature
     True
     """
-    if m.dim() != 3 or guide.dim() != 3 or guide.shape[2] != 3:
-        raise ShapeError(f"guided_upsample: map must be [h, w, D] and guide [H, W, 3], got {list(m.shape)} and "
-                         f"{list(guide.shape)}")
-    h, w = int(m.shape[0]), int(m.shape[1])
-    if guide.shape[0] < h or guide.shape[1] < w:
-        raise ShapeError(f"guided_upsample: the guide {list(guide.shape[:2])} is smaller than the map [{h}, {w}]")
+    batched = m.dim() == 4
+    if m.dim() not in (3, 4) or guide.dim() != m.dim() or guide.shape[-1] != 3 or (batched and len(m) != len(guide)):
+        raise ShapeError(f"guided_upsample: map must be [h, w, D] and guide [H, W, 3] (or [B, h, w, D] and "
+                         f"[B, H, W, 3]), got {list(m.shape)} and {list(guide.shape)}")
+    h, w = int(m.shape[-3]), int(m.shape[-2])
+    if guide.shape[-3] < h or guide.shape[-2] < w:
+        raise ShapeError(f"guided_upsample: the guide {list(guide.shape[-3:-1])} is smaller than the map [{h}, {w}]")
     m, guide = m.float(), guide.float().to(m.device)
     gbar = _cell_colors(guide, h, w)
+    mb, gb, cb = (m, guide, gbar) if batched else (m[None], guide[None], gbar[None])  # the op takes a batch
     if m.device.type != "cpu":
-        return _ref_guided_upsample(m, guide, gbar, sigma_color, sigma_space, radius, min_support)
-    return native_ops().guided_upsample(m.contiguous(), guide.contiguous(), gbar.contiguous(), float(sigma_color),
-                                        float(sigma_space), int(radius), float(min_support))
+        out = torch.stack([_ref_guided_upsample(mb[b], gb[b], cb[b], sigma_color, sigma_space, radius, min_support)
+                           for b in range(len(mb))])
+    else:
+        out = native_ops().guided_upsample(mb.contiguous(), gb.contiguous(), cb.contiguous(), float(sigma_color),
+                                           float(sigma_space), int(radius), float(min_support))
+    return out if batched else out[0]
