@@ -62,31 +62,35 @@ def test_relevancy_localises_ground_truth_objects(lifted):
 def test_exact_prototype_selects_the_object_after_lift(tmp_path):
     """Issue 4's round trip: with a pixel-accurate teacher (per-pixel features = the class prototypes,
     as SAM-mask + CLIP features are), ``select(prototype, 0.5)`` after a training-free lift picks the
-    object's observed Gaussians at IoU > 0.9. Observed = the lift's ``valid`` and not ``filled`` (it sees
-    them with mean transmittance >= 1 %); the rest (the floor under objects, the balls' undersides) are only
-    ever seen through what is in front of them: the lift fills them from their observed 3D neighbours, and
-    with the fill every Gaussian of an object is selected at IoU > 0.85 (purple ball: > 0.4)."""
+    object's observed Gaussians at IoU > 0.9 with the IRLS iterated to the robust mean (``--iters 3``), and
+    at > 0.88 with the default one-step lift (``LiftConfig.iters`` = 1; on this clean teacher its boundary
+    Gaussians keep more of their Euclidean blend: the yellow torus 0.896 against 0.913, while on the noisy
+    development pairs it scores 0.5 points higher in 3D). Observed = the lift's ``valid`` and not ``filled``
+    (it sees them with mean transmittance >= 1 %); the rest (the floor under objects, the balls' undersides)
+    are only ever seen through what is in front of them: the lift fills them from their observed 3D
+    neighbours, and with the fill every Gaussian of an object is selected at IoU > 0.85 (purple ball: > 0.4)."""
     sc = make_scene(SceneConfig(gaussians_per_unit_area=1500, num_views=20, image_size=128))
     write_dataset(sc, tmp_path / "data", progress=False)
     simulate_teacher(tmp_path / "data", TeacherSimConfig.clean(seed=0, patch_size=1), progress=False)
-    assert main(["lift", str(tmp_path / "data" / "scene.ply"), "--data", str(tmp_path / "data"),
-                 "--output", str(tmp_path / "scene")]) == 0
-    scene = rh3dgs.load(tmp_path / "scene")
     protos = np.load(tmp_path / "data" / "features" / "text_embeddings.npz")
-    observed = scene.field.valid & ~scene.field.filled
-    assert 0.85 * len(scene) < int(observed.sum()) < len(scene)  # hidden Gaussians are flagged, not many
-    assert bool(scene.field.valid.all())  # ... and every one of them filled
-    ious, ious_all = {}, {}
-    for k, name in enumerate(sc.class_names):
-        sel = scene.select(torch.from_numpy(protos[name]).float(), threshold=0.5)
-        gt = (sc.class_ids == k) & observed
-        ious[name] = (sel & gt).sum().item() / ((sel & observed) | gt).sum().item()
-        every = torch.as_tensor(sc.class_ids == k)
-        ious_all[name] = (sel & every).sum().item() / (sel | every).sum().item()
-    # the purple ball lies inside the bowl: 188 Gaussians, ~50 observed, mostly through the bowl's rim
-    assert all(iou > 0.9 for name, iou in ious.items() if name != "purple ball"), ious
-    assert ious["purple ball"] > 0.4, ious
-    assert all(iou > 0.85 for name, iou in ious_all.items() if name != "purple ball"), ious_all
+    for name_out, extra, bound in (("scene", [], 0.88), ("scene_iterated", ["--iters", "3"], 0.9)):
+        assert main(["lift", str(tmp_path / "data" / "scene.ply"), "--data", str(tmp_path / "data"),
+                     "--output", str(tmp_path / name_out), *extra]) == 0
+        scene = rh3dgs.load(tmp_path / name_out)
+        observed = scene.field.valid & ~scene.field.filled
+        assert 0.85 * len(scene) < int(observed.sum()) < len(scene)  # hidden Gaussians are flagged, not many
+        assert bool(scene.field.valid.all())  # ... and every one of them filled
+        ious, ious_all = {}, {}
+        for k, name in enumerate(sc.class_names):
+            sel = scene.select(torch.from_numpy(protos[name]).float(), threshold=0.5)
+            gt = (sc.class_ids == k) & observed
+            ious[name] = (sel & gt).sum().item() / ((sel & observed) | gt).sum().item()
+            every = torch.as_tensor(sc.class_ids == k)
+            ious_all[name] = (sel & every).sum().item() / (sel | every).sum().item()
+        # the purple ball lies inside the bowl: 188 Gaussians, ~50 observed, mostly through the bowl's rim
+        assert all(iou > bound for name, iou in ious.items() if name != "purple ball"), (extra, ious)
+        assert ious["purple ball"] > 0.4, ious
+        assert all(iou > 0.85 for name, iou in ious_all.items() if name != "purple ball"), ious_all
 
 
 def test_export_selection_is_a_standard_ply(lifted, tmp_path):
