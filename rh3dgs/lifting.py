@@ -87,7 +87,8 @@ class LiftConfig:
     """Every second IRLS pass, lengthen each Gaussian's step by Aitken's factor 1 / (1 - r), r = |step| /
     |previous step| (its rate of linear convergence, clipped to ``max_rate``; :func:`aitken_factor`). The
     Huber IRLS converges linearly, slowly where a Gaussian's samples disagree (r ~ 0.6 on random maps),
-    and the extrapolation jumps to where the geometric series of its steps ends. False: plain IRLS."""
+    and the extrapolation jumps to where the geometric series of its steps ends. False: plain IRLS. Acts from
+    the second pass on: not with the default one step (``iters`` 1)."""
     max_rate: float = 0.8
     """Largest rate r the extrapolation trusts (a factor of at most 1 / (1 - max_rate) = 5)."""
     tol: float = 5e-3

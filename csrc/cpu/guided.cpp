@@ -2,8 +2,8 @@
 //
 // For a map m [h, w, D], the guide image I [H, W, 3] and the mean colour of each cell's footprint
 // gbar [h, w, 3] (each with a leading batch of B views: one output [B, H, W, D], the lift's chunk of maps
-// without a copy into a stack), pixel p (position py, px in cell units, own cell (cy, cx)) takes the cells q of the
-// (2 r + 1)^2 neighbourhood of its cell (zero outside the map, and for rows of m that are ~0):
+// without a copy into a stack), pixel p (position py, px in cell units, own cell (cy, cx)) takes the
+// cells q of the (2 r + 1)^2 neighbourhood of its cell (zero outside the map, and for rows of m that are ~0):
 //   w_q = exp(-|p - q|^2 / (2 sigma_s^2) - |I(p) - gbar_q|^2 / (2 sigma_c^2))   (0 where m_q = 0)
 //   out(p) = normalize(sum_q w_q m_q), 0 where sum_q w_q < min_support.
 // The torch reference is rh3dgs.ops._ref._ref_guided_upsample (one small matrix product per cell);
