@@ -1,4 +1,7 @@
 """Python API and CLI: load a lifted synthetic scene, query it, check against ground truth and a slow path."""
+import json
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -130,6 +133,16 @@ def test_errors_are_clear(lifted, tmp_path):
     (tmp_path / "notascene").mkdir()
     with pytest.raises(InputFileError, match="rh3dgs.json"):
         rh3dgs.load(tmp_path / "notascene")
+    # a scene description naming a file that is not there (moved, or an absolute path elsewhere): the line
+    # names the description, the key and the missing path (found by the atheris target scene_json)
+    moved = tmp_path / "moved"
+    shutil.copytree(root / "scene", moved)
+    meta = json.loads((moved / "rh3dgs.json").read_text())
+    meta["transforms"] = "/nowhere/transforms.json"
+    (moved / "rh3dgs.json").write_text(json.dumps(meta))
+    with pytest.raises(InputFileError, match=r"rh3dgs.json \[transforms\]: names /nowhere/transforms.json, which "
+                                             r"does not exist"):
+        rh3dgs.load(moved)
     plain = rh3dgs.load(root / "data" / "scene.ply")  # RGB-only PLY
     assert plain.render(0).shape == (64, 64, 3)
     with pytest.raises(ConfigError, match="no semantic field"):
@@ -217,8 +230,6 @@ def test_scene_naming_a_missing_gpu_loads_exports_and_a_text_query_says_why(tmp_
 
 
 def test_malformed_teacher_spec_is_refused_at_load(tmp_path):
-    import json
-
     folder = _scene_naming(tmp_path / "scene", {"name": "clip"})
     meta = json.loads((folder / "rh3dgs.json").read_text())
     for bad, needle in (([1, 2], "must be an object"), ({"model": "ViT-B-16"}, "needs a teacher \"name\"")):

@@ -215,8 +215,8 @@ def _scene_file(meta_path: Path, meta: dict, key: str, default: Optional[str] = 
     path = meta_path.parent / v
     try:
         os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        pass  # reported by the reader with its own message
+    except (FileNotFoundError, NotADirectoryError):  # the scene's description names it: say so, with the path
+        raise InputFileError(meta_path, f"names {path}, which does not exist", field=key) from None
     except (OSError, ValueError) as exc:  # e.g. ENAMETOOLONG
         raise InputFileError(meta_path, f"names a path that cannot be opened ({exc})"[:200], field=key) from None
     return path
