@@ -128,9 +128,11 @@ def test_compose_overlay_equals_viz_overlay_heatmap_exactly():
 
     g = torch.Generator().manual_seed(3)
     rgb, heat = torch.rand(33, 47, 3, generator=g) * 1.2 - 0.1, torch.rand(33, 47, generator=g)
+    strided = torch.cat([rgb, torch.rand(33, 47, 16, generator=g)], -1)[..., :3]  # an RGB + latents render's slice
     for thr in (0.0, 0.5, 0.97, 1.0):
-        np.testing.assert_array_equal(C.compose_output(C.OUTPUT_OVERLAY, rgb, heat, threshold=thr),
-                                      overlay_heatmap(rgb, heat, threshold=thr))
+        for colours in (rgb, strided):
+            np.testing.assert_array_equal(C.compose_output(C.OUTPUT_OVERLAY, colours, heat, threshold=thr),
+                                          overlay_heatmap(rgb, heat, threshold=thr))
 
 
 def test_compose_output_rejects_unknown_output():

@@ -31,6 +31,10 @@ namespace {
 template <int CT>
 inline void blend_unit(const float* wq, const float* const* mq, int nq, int64_t D, float* acc, float* out) {
   constexpr int kV = (CT > 0 && CT % 16 == 0) ? CT / 16 : 0;
+  const auto inv_norm = [](float n2) {  // 1 / |sum|, 0 for a zero sum
+    const float n = std::sqrt(n2);
+    return n > 0.0f ? 1.0f / std::max(n, 1e-30f) : 0.0f;
+  };
   float n2 = 0.0f;
   if constexpr (kV > 0) {
     vf16 a[kV] = {};
@@ -39,8 +43,7 @@ inline void blend_unit(const float* wq, const float* const* mq, int nq, int64_t 
     vf16 sq{};
     for (int u = 0; u < kV; ++u) sq += a[u] * a[u];
     n2 = hsum16(sq);
-    const float n = std::sqrt(n2);
-    const float inv = n > 0.0f ? 1.0f / std::max(n, 1e-30f) : 0.0f;
+    const float inv = inv_norm(n2);
     for (int u = 0; u < kV; ++u) store16(out + 16 * u, a[u] * inv);
   } else {
     std::fill(acc, acc + D, 0.0f);
@@ -52,8 +55,7 @@ inline void blend_unit(const float* wq, const float* const* mq, int nq, int64_t 
     }
 #pragma omp simd reduction(+ : n2)
     for (int64_t d = 0; d < D; ++d) n2 += acc[d] * acc[d];
-    const float n = std::sqrt(n2);
-    const float inv = n > 0.0f ? 1.0f / std::max(n, 1e-30f) : 0.0f;
+    const float inv = inv_norm(n2);
 #pragma omp simd
     for (int64_t d = 0; d < D; ++d) out[d] = acc[d] * inv;
   }

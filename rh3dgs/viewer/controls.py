@@ -104,11 +104,11 @@ def compose_output(output: str, rgb: Tensor, heat: Optional[Tensor] = None, alph
         return _to_uint8(img)
     rgb = rgb.detach().float().cpu()  # a slice of an RGB + latents render is strided: read in place (no copy)
     img = _to_uint8(rgb)
-    idx = torch.nonzero((heat > threshold).reshape(-1)).squeeze(1)  # the selected pixels, flat
-    if idx.numel():
+    sel = heat > threshold  # the selected pixels [H, W]: their rows gathered (reshaping the strided rgb copied it all)
+    if bool(sel.any()):
         # overlay_heatmap clamps rgb and heat itself
-        blend = overlay_heatmap(rgb.reshape(-1, 3)[idx][None], heat.reshape(-1)[idx][None], threshold=threshold)[0]
-        img.reshape(-1, 3)[idx.numpy()] = blend  # [M, 3] uint8
+        blend = overlay_heatmap(rgb[sel][None], heat[sel][None], threshold=threshold)[0]
+        img[sel.numpy()] = blend  # [M, 3] uint8, in row-major order like the gather
     return img
 
 
