@@ -167,11 +167,13 @@ def radius_graph(means: Tensor, radius: float, max_neighbors: int, workers: int 
     tree = cKDTree(pts)
     # scipy's bound is strict (d < bound): nudge it up so that d == radius is included
     _, idx = tree.query(pts, k=k, distance_upper_bound=float(np.nextafter(radius, np.inf)), workers=workers)
-    idx = np.asarray(idx).reshape(N, k)
-    keep = (idx < N) & (idx != np.arange(N)[:, None])
-    order = np.argsort(~keep, axis=1, kind="stable")  # kept entries first, distance order preserved
-    cols = np.take_along_axis(np.where(keep, idx, -1), order, axis=1)[:, :max_neighbors]
-    out[:, : cols.shape[1]] = torch.from_numpy(cols.astype(np.int64))
+    idx = np.asarray(idx).reshape(N, k)  # nearest first; missing neighbours (index N) last
+    # drop each point's own entry (at most one per row; absent only behind more than k duplicates) by moving
+    # the entries after it one column left: the others keep their distance order
+    own = idx == np.arange(N)[:, None]
+    at = np.where(own.any(1), own.argmax(1), k)[:, None]
+    cols = np.where(np.arange(k - 1)[None, :] < at, idx[:, :-1], idx[:, 1:])[:, :max_neighbors]
+    out[:, : cols.shape[1]] = torch.from_numpy(np.where(cols < N, cols, -1).astype(np.int64))
     return out.to(means.device)
 
 

@@ -173,8 +173,10 @@ def render(
         tile_size, proj.isect_offsets, proj.flatten_ids, backgrounds=bg if (background is not None or feature_background is not None) else None,
         geometry_channels=None if features_shape_geometry or features is None else (3 if rgb else 0), record=record,
     )
-    rgb_out = out.render[..., :3] if rgb else None
-    feat_out = out.render[..., 3:] if (rgb and features is not None) else (out.render if features is not None else None)
+    if rgb and features is not None:  # one split: its backward writes both gradients into one tensor
+        rgb_out, feat_out = torch.split(out.render, [3, out.render.shape[-1] - 3], dim=-1)
+    else:
+        rgb_out, feat_out = (out.render, None) if rgb else (None, out.render)
     depth = out.d1 / (out.alpha + DEPTH_EPS)
     depth_var = (out.d2 / (out.alpha + DEPTH_EPS) - depth ** 2).clamp_min(0.0)
     return RenderResult(rgb_out, feat_out, out.alpha, depth, depth_var, out.d1, out.d2, proj.radii, proj.radii > 0, proj,

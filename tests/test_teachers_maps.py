@@ -253,5 +253,15 @@ def test_constant_regions_and_their_fraction_against_a_flood_fill():
     # a dense teacher: every cell its own region
     dense = torch.nn.functional.normalize(torch.randn(6, 7, 4), dim=-1)
     assert torch.allclose(region_fraction(dense), torch.full((6, 7), 1 / 42))
+    # a batch (one graph for all views) gives each view's own ids and fractions, bit for bit, also resized
+    m2, _ = _voronoi_masks(20, 24, 3, m.shape[-1], seed=1)
+    m2[0] = 0.0  # a first row without feature
+    views = [m, m2, torch.nn.functional.normalize(torch.randn(20, 24, m.shape[-1]), dim=-1)]
+    for size in (None, (40, 48)):
+        assert torch.equal(constant_regions(torch.stack(views), size), torch.stack([constant_regions(v, size) for v in views]))
+        assert torch.equal(region_fraction(views, size), torch.stack([region_fraction(v, size) for v in views]))
+    # maps of different sizes: one graph each, resized to one size
+    mixed = region_fraction([m, m[:10]], (8, 8))
+    assert mixed.shape == (2, 8, 8) and torch.equal(mixed[1], region_fraction(m[:10], (8, 8)))
     with pytest.raises(ShapeError):
         constant_regions(torch.zeros(4, 4))

@@ -55,9 +55,10 @@ void check_inputs(const char* op, const at::Tensor& x, const at::Tensor& anchors
   const int64_t* an = anchors.data_ptr<int64_t>();
   const int64_t* cj = cand.data_ptr<int64_t>();
   const uint8_t* kd = kinds.data_ptr<uint8_t>();
+  // bitwise (no branch per element): an unsigned compare is 0 <= i < N
   bool ok = true;
-  for (int64_t a = 0; a < A; ++a) ok &= an[a] >= 0 && an[a] < N;
-  for (int64_t i = 0; i < A * K; ++i) ok &= kd[i] <= 2 && (kd[i] == 0 || (cj[i] >= 0 && cj[i] < N));
+  for (int64_t a = 0; a < A; ++a) ok &= (uint64_t)an[a] < (uint64_t)N;
+  for (int64_t i = 0; i < A * K; ++i) ok &= (kd[i] <= 2) & ((kd[i] == 0) | ((uint64_t)cj[i] < (uint64_t)N));
   TORCH_CHECK(ok, op, ": an anchor or a used candidate is outside [0, ", N, ") or a kind is not 0, 1, 2");
 }
 
@@ -121,20 +122,23 @@ void lic_pull_fwd_impl(const float* x, const int64_t* an, const int64_t* cj, con
   const int64_t d = CT > 0 ? CT : d_rt;
   at::parallel_for(0, A, 64, [&](int64_t a0, int64_t a1) {
     std::vector<float> tmp(d), m(d);
+    std::vector<int64_t> rows(K);
     for (int64_t a = a0; a < a1; ++a) {
       const int64_t* ca = cj + a * K;
       const uint8_t* ka = kd + a * K;
-      for (int64_t k = 0; k < std::min(K, kPrefetch); ++k) {
-        if (ka[k] == 2) __builtin_prefetch(x + ca[k] * d);
-      }
-      std::fill(m.begin(), m.end(), 0.0f);
+      // the positives' rows, in candidate order: listed without a branch per candidate (a random kind
+      // mispredicted about every other one), then read with prefetches a few rows ahead
       int64_t npos = 0;
       for (int64_t k = 0; k < K; ++k) {
-        if (k + kPrefetch < K && ka[k + kPrefetch] == 2) __builtin_prefetch(x + ca[k + kPrefetch] * d);
-        if (ka[k] != 2) continue;
-        const float* xj = x + ca[k] * d;
+        rows[npos] = ca[k];
+        npos += ka[k] == 2;
+      }
+      for (int64_t i = 0; i < std::min(npos, kPrefetch); ++i) __builtin_prefetch(x + rows[i] * d);
+      std::fill(m.begin(), m.end(), 0.0f);
+      for (int64_t i = 0; i < npos; ++i) {
+        if (i + kPrefetch < npos) __builtin_prefetch(x + rows[i + kPrefetch] * d);
+        const float* xj = x + rows[i] * d;
         axpy<CT>(m.data(), inv_norm_of(dot<CT>(xj, xj, tmp.data(), d)), xj, d);
-        ++npos;
       }
       const float* xa = x + an[a] * d;
       float* fa = fa_out + a * d;
@@ -158,22 +162,28 @@ void lic_bwd_impl(const float* x, const int64_t* an, const int64_t* cj, const ui
   // 1. dL/df into gx: threads own row ranges [r0, r1) and scan every contribution in order
   const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), N / 1024));
   at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
+    std::vector<int64_t> used(K);
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t r0 = N * p / parts, r1 = N * (p + 1) / parts;
+      const uint64_t span = (uint64_t)(r1 - r0);
       for (int64_t a = 0; a < A; ++a) {
         if (g[a] == 0.0f) continue;
         const int64_t* ca = cj + a * K;
         const uint8_t* ka = kd + a * K;
         const float* ds_a = ds + a * K;
         const float* fa_a = fa + a * d;
+        // the candidates this part adds to (used, in this part's rows, d_sim != 0), in candidate order,
+        // listed without a branch per candidate (random kinds and rows mispredicted about every other one)
+        int64_t n = 0;
         for (int64_t k = 0; k < K; ++k) {
-          if (k + kPrefetch < K && ka[k + kPrefetch] != 0) {
-            const int64_t jn = ca[k + kPrefetch];
-            if (jn >= r0 && jn < r1) __builtin_prefetch(gx + jn * d, 1);
-          }
-          const int64_t j = ca[k];
-          if (ka[k] == 0 || j < r0 || j >= r1 || ds_a[k] == 0.0f) continue;
-          axpy<CT>(gx + j * d, g[a] * ds_a[k], fa_a, d);
+          used[n] = k;
+          n += (ka[k] != 0) & ((uint64_t)(ca[k] - r0) < span) & (ds_a[k] != 0.0f);
+        }
+        for (int64_t i = 0; i < std::min(n, kPrefetch); ++i) __builtin_prefetch(gx + ca[used[i]] * d, 1);
+        for (int64_t i = 0; i < n; ++i) {
+          if (i + kPrefetch < n) __builtin_prefetch(gx + ca[used[i + kPrefetch]] * d, 1);
+          const int64_t k = used[i];
+          axpy<CT>(gx + ca[k] * d, g[a] * ds_a[k], fa_a, d);
         }
         if (an[a] >= r0 && an[a] < r1) axpy<CT>(gx + an[a] * d, g[a], dfa + a * d, d);
       }

@@ -146,6 +146,42 @@ def prepare_map(m: Tensor, size: Tuple[int, int], view: Optional[int] = None) ->
     return m.mul_(torch.where(n > 1e-8, 1.0 / n.clamp_min(1e-8), 0.0))  # unit rows, zero rows stay zero
 
 
+def _region_ids(x: Tensor) -> "np.ndarray":
+    """[B, h, w, D] maps (CPU) -> [B, h, w] int64 ids of their :func:`constant_regions` regions, all views in one
+    ``connected_components`` call on their joint graph: ids consecutive over the views (a view's regions take
+    a run of them, in scan order), -1 on zero rows."""
+    import numpy as np
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    B, h, w = (int(n) for n in x.shape[:3])
+    nz = (torch.linalg.vector_norm(x, dim=-1) > 1e-8).numpy().reshape(-1)
+    idx = np.arange(B * h * w).reshape(B, h, w)
+    src, dst = [], []
+    for a, b, sa, sb in ((x[:, :, :-1], x[:, :, 1:], idx[:, :, :-1], idx[:, :, 1:]),
+                         (x[:, :-1], x[:, 1:], idx[:, :-1], idx[:, 1:])):
+        same = (a == b).all(-1).numpy()
+        src.append(sa[same]), dst.append(sb[same])
+    src, dst = np.concatenate(src), np.concatenate(dst)
+    keep = nz[src]  # zero rows: no region (equal zero neighbours are not joined)
+    n = B * h * w
+    graph = coo_matrix((np.ones(int(keep.sum()), dtype=np.int8), (src[keep], dst[keep])), shape=(n, n))
+    # scipy labels components in the order of their first node: scan order, view after view
+    _, labels = connected_components(graph, directed=False)
+    labels = np.where(nz, labels, -1)
+    _, ids = np.unique(labels, return_inverse=True)  # consecutive ids; -1 sorts first
+    return ids.reshape(B, h, w) - (1 if (~nz).any() else 0)
+
+
+def _as_batch(m: Union[Tensor, Sequence[Tensor]]) -> Optional[Tensor]:
+    """``[B, h, w, D]`` float CPU maps of a 4-D tensor or a sequence of equal-sized 3-D maps (None otherwise)."""
+    if isinstance(m, (list, tuple)):
+        if len(m) == 0 or any(x.dim() != 3 or x.shape != m[0].shape for x in m):
+            return None
+        return torch.stack([x.detach().float().cpu() for x in m])
+    return m.detach().float().cpu() if m.dim() == 4 else None
+
+
 def constant_regions(m: Union[Tensor, Sequence[Tensor]], size: Optional[Tuple[int, int]] = None) -> Tensor:
     """Region ids ``[h, w]`` int64 of a map: 4-connected sets of pixels whose rows are exactly equal; -1 on zero rows.
 
@@ -162,29 +198,22 @@ def constant_regions(m: Union[Tensor, Sequence[Tensor]], size: Optional[Tuple[in
             [ 0,  0,  0,  1]])
     """
     import numpy as np
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
 
-    if isinstance(m, (list, tuple)) or m.dim() == 4:
+    batch = _as_batch(m)
+    if batch is None and (isinstance(m, (list, tuple)) or m.dim() == 4):  # maps of different sizes
         return torch.stack([constant_regions(x, size) for x in m])
-    if m.dim() != 3:
+    if batch is None and m.dim() != 3:
         raise ShapeError(f"teacher map must be [h, w, D], got {list(m.shape)}")
-    h, w = int(m.shape[0]), int(m.shape[1])
-    x = m.detach().float().cpu()
-    nz = (torch.linalg.vector_norm(x, dim=-1) > 1e-8).numpy().reshape(-1)
-    idx = np.arange(h * w).reshape(h, w)
-    src, dst = [], []
-    for a, b, sa, sb in ((x[:, :-1], x[:, 1:], idx[:, :-1], idx[:, 1:]), (x[:-1], x[1:], idx[:-1], idx[1:])):
-        same = (a == b).all(-1).numpy()
-        src.append(sa[same]), dst.append(sb[same])
-    src, dst = np.concatenate(src), np.concatenate(dst)
-    keep = nz[src]  # zero rows: no region (equal zero neighbours are not joined)
-    graph = coo_matrix((np.ones(int(keep.sum()), dtype=np.int8), (src[keep], dst[keep])), shape=(h * w, h * w))
-    _, labels = connected_components(graph, directed=False)
-    labels = np.where(nz, labels, -1)
-    _, ids = np.unique(labels, return_inverse=True)  # consecutive ids; -1 sorts first
-    ids = ids.reshape(h, w) - (1 if (~nz).any() else 0)
-    return _resize_nearest(torch.from_numpy(ids.astype(np.int64)), size).to(m.device)
+    ids = _region_ids(batch if batch is not None else m.detach().float().cpu()[None])
+    if ids.size:  # each view's ids from 0: its run of the joint ids starts at its smallest
+        nz = ids >= 0
+        first = np.where(nz, ids, np.iinfo(np.int64).max).reshape(len(ids), -1).min(1)
+        first = np.where(nz.reshape(len(ids), -1).any(1), first, 0)  # a view without feature: all -1
+        ids = np.where(nz, ids - first[:, None, None], -1)
+    out = torch.from_numpy(ids.astype(np.int64))
+    dev = m[0].device if isinstance(m, (list, tuple)) else m.device
+    out = _resize_nearest(out, size).to(dev)
+    return out if batch is not None else out[0]
 
 
 def region_fraction(m: Union[Tensor, Sequence[Tensor]], size: Optional[Tuple[int, int]] = None) -> Tensor:
@@ -192,7 +221,8 @@ def region_fraction(m: Union[Tensor, Sequence[Tensor]], size: Optional[Tuple[int
 
     Resolution-free (a region's pixel count over ``h w``): a mask teacher's mask covers the same share at
     any resolution; in a dense teacher's map every pixel gets ``1 / (h w)``. Zero rows (no feature) get 0.
-    ``[B, h, w, D]`` or a sequence of maps give ``[B, h, w]``; ``size``: resized by nearest neighbour.
+    ``[B, h, w, D]`` or a sequence of maps give ``[B, h, w]`` (one graph for all equal-sized maps);
+    ``size``: resized by nearest neighbour.
 
     >>> import torch
     >>> m = torch.zeros(2, 4, 3); m[:, :3, 0] = 1.0; m[:, 3, 1] = 1.0   # a 2x3 region and a 2x1 region
@@ -200,22 +230,28 @@ def region_fraction(m: Union[Tensor, Sequence[Tensor]], size: Optional[Tuple[int
     tensor([[0.7500, 0.7500, 0.7500, 0.2500],
             [0.7500, 0.7500, 0.7500, 0.2500]])
     """
-    if isinstance(m, (list, tuple)) or m.dim() == 4:
+    batch = _as_batch(m)
+    if batch is None and (isinstance(m, (list, tuple)) or m.dim() == 4):  # maps of different sizes
         return torch.stack([region_fraction(x, size) for x in m])
-    ids = constant_regions(m).cpu()
-    h, w = ids.shape
+    if batch is None and m.dim() != 3:
+        raise ShapeError(f"teacher map must be [h, w, D], got {list(m.shape)}")
+    x = batch if batch is not None else m.detach().float().cpu()[None]
+    ids = torch.from_numpy(_region_ids(x))
+    h, w = ids.shape[1:]
     ok = ids >= 0
-    counts = torch.bincount(ids[ok], minlength=1).double()
-    frac = torch.zeros(h, w, dtype=torch.float64)
+    counts = torch.bincount(ids[ok], minlength=1).double()  # regions never span views: per-view sizes
+    frac = torch.zeros(ids.shape, dtype=torch.float64)
     frac[ok] = counts[ids[ok]] / float(h * w)
-    return _resize_nearest(frac.float(), size).to(m.device)
+    dev = m[0].device if isinstance(m, (list, tuple)) else m.device
+    out = _resize_nearest(frac.float(), size).to(dev)
+    return out if batch is not None else out[0]
 
 
 def _resize_nearest(x: Tensor, size: Optional[Tuple[int, int]]) -> Tensor:
-    """[h, w] -> [H, W] by nearest neighbour (ids or fractions: no value is blended); None / same size: as is."""
-    if size is None or tuple(size) == tuple(x.shape):
+    """[B, h, w] -> [B, H, W] by nearest neighbour (ids or fractions: no value is blended); None / same size: as is."""
+    if size is None or tuple(size) == tuple(x.shape[-2:]):
         return x
-    return F.interpolate(x[None, None].double(), size=tuple(int(s) for s in size), mode="nearest")[0, 0].to(x.dtype)
+    return F.interpolate(x[:, None].double(), size=tuple(int(s) for s in size), mode="nearest")[:, 0].to(x.dtype)
 
 
 def prepare_maps(teacher_maps: TeacherMaps, views: Sequence[int], size: Tuple[int, int],
