@@ -99,8 +99,9 @@ class LICConfig:
     """LIC is off (exact 0) before this step."""
     seed: int = 0
     """Seed of the anchor / negative sampling and of the k-means."""
-    kdtree_workers: int = 1
-    """Threads for the k-d tree queries (-1 = all cores)."""
+    kdtree_workers: int = -1
+    """Threads for the k-d tree queries (-1 = all cores: the graph is the same for any count; a rebuild of 11k
+    clustered points took 47 ms on one of 2 cores, 38 ms on both)."""
 
     @classmethod
     def rh3dgs(cls, **overrides) -> "LICConfig":
