@@ -201,29 +201,31 @@ class LiftViews:
             if raws is not None:
                 raws.append(m)
             ms.append(m)
-        sizes = {self._guided_size(m) for m in ms}
-        if guide is not None and len(sizes) == 1 and None not in sizes:
-            # all guided at one size: one upsampling call writes the chunk's maps (stacking 8 fresh 4 MB maps
-            # into a fresh 33 MB tensor cost ~13 ms a chunk, mostly its pages' first touch)
-            coarse = torch.stack([prepare_map(m, tuple(m.shape[:2]), i) for m, i in zip(ms, idx)])
-            return guided_upsample(coarse.to(self.dev), guide, self.cfg.guide_sigma_color)
-        return torch.stack([self._prepare(m, i, None if guide is None else guide[b])
-                            for b, (m, i) in enumerate(zip(ms, idx))]).to(self.dev)
+        return self._prepare(ms, idx, guide)
 
     def _guided_size(self, m: Tensor) -> Optional[Tuple[int, int]]:
         """(h, w) of a map coarser than the render (upsampled with the view's colours as the guide), else None."""
         hw = tuple(m.shape[:2]) if m.dim() == 3 else None  # anything else: prepare_map names the problem
         return hw if hw and hw[0] <= self.H and hw[1] <= self.W and hw != (self.H, self.W) else None
 
-    def _prepare(self, m: Tensor, view: int, guide: Optional[Tensor]) -> Tensor:
-        """A map as given -> [H, W, D] unit rows: guided by the view's colours when coarser than the render."""
-        hw = self._guided_size(m)
-        if guide is not None and hw:
-            return guided_upsample(prepare_map(m, hw, view).to(self.dev), guide, self.cfg.guide_sigma_color)
-        return prepare_map(m, (self.H, self.W), view)
+    def _prepare(self, ms: List[Tensor], views: List[int], guide: Optional[Tensor]) -> Tensor:
+        """Maps as given -> [b, H, W, D] unit rows on the lift's device: guided by the views' colours ``guide``
+        [b, H, W, 3] when coarser than the render. Maps all guided at one size take one upsampling call that
+        writes the whole output (stacking 8 fresh 4 MB maps into a fresh 33 MB tensor cost ~13 ms a chunk,
+        mostly its pages' first touch); others are prepared one by one."""
+        sizes = {self._guided_size(m) for m in ms}
+        if guide is not None and len(sizes) == 1 and None not in sizes:
+            hw = sizes.pop()
+            coarse = torch.stack([prepare_map(m, hw, v) for m, v in zip(ms, views)])
+            return guided_upsample(coarse.to(self.dev), guide, self.cfg.guide_sigma_color)
+        if len(ms) == 1:
+            return prepare_map(ms[0], (self.H, self.W), views[0])[None].to(self.dev)
+        return torch.cat([self._prepare([m], [v], None if guide is None else guide[b:b + 1])
+                          for b, (m, v) in enumerate(zip(ms, views))])
 
     def _view_map(self, v: _CompactView) -> Tensor:
-        return v.maps if v.maps_prepared else self._prepare(v.maps, v.view, v.guide)[None].to(self.dev)
+        guide = None if v.guide is None else v.guide[None]
+        return v.maps if v.maps_prepared else self._prepare([v.maps], [v.view], guide)
 
     def view_chunk(self, ci: int):
         """(projection, pixel weights [b,H,W], teacher maps [b,H,W,D]) of chunk ci."""

@@ -173,13 +173,19 @@ def _region_ids(x: Tensor) -> "np.ndarray":
     return ids.reshape(B, h, w) - (1 if (~nz).any() else 0)
 
 
-def _as_batch(m: Union[Tensor, Sequence[Tensor]]) -> Optional[Tensor]:
-    """``[B, h, w, D]`` float CPU maps of a 4-D tensor or a sequence of equal-sized 3-D maps (None otherwise)."""
-    if isinstance(m, (list, tuple)):
-        if len(m) == 0 or any(x.dim() != 3 or x.shape != m[0].shape for x in m):
-            return None
-        return torch.stack([x.detach().float().cpu() for x in m])
-    return m.detach().float().cpu() if m.dim() == 4 else None
+def _per_views(m: Union[Tensor, Sequence[Tensor]], size: Optional[Tuple[int, int]],
+               fn: Callable[[Tensor], Tensor]) -> Tensor:
+    """``fn`` ([B, h, w, D] float CPU maps -> [B, h, w]) of one map ``[h, w, D]`` (-> ``[h, w]``), a ``[B, h, w, D]``
+    tensor or a sequence of maps (-> ``[B, h, w]``; equal-sized maps in one call, others one by one), resized
+    to ``size`` by nearest neighbour, on the maps' device."""
+    if isinstance(m, (list, tuple)) or m.dim() == 4:
+        if len(m) == 0 or isinstance(m, Tensor) or all(x.dim() == 3 and x.shape == m[0].shape for x in m):
+            batch = m if isinstance(m, Tensor) else torch.stack(list(m))
+            return _resize_nearest(fn(batch.detach().float().cpu()), size).to(batch.device)
+        return torch.stack([_per_views(x, size, fn) for x in m])
+    if m.dim() != 3:
+        raise ShapeError(f"teacher map must be [h, w, D], got {list(m.shape)}")
+    return _per_views(m[None], size, fn)[0]
 
 
 def constant_regions(m: Union[Tensor, Sequence[Tensor]], size: Optional[Tuple[int, int]] = None) -> Tensor:
@@ -199,21 +205,16 @@ def constant_regions(m: Union[Tensor, Sequence[Tensor]], size: Optional[Tuple[in
     """
     import numpy as np
 
-    batch = _as_batch(m)
-    if batch is None and (isinstance(m, (list, tuple)) or m.dim() == 4):  # maps of different sizes
-        return torch.stack([constant_regions(x, size) for x in m])
-    if batch is None and m.dim() != 3:
-        raise ShapeError(f"teacher map must be [h, w, D], got {list(m.shape)}")
-    ids = _region_ids(batch if batch is not None else m.detach().float().cpu()[None])
-    if ids.size:  # each view's ids from 0: its run of the joint ids starts at its smallest
-        nz = ids >= 0
-        first = np.where(nz, ids, np.iinfo(np.int64).max).reshape(len(ids), -1).min(1)
-        first = np.where(nz.reshape(len(ids), -1).any(1), first, 0)  # a view without feature: all -1
-        ids = np.where(nz, ids - first[:, None, None], -1)
-    out = torch.from_numpy(ids.astype(np.int64))
-    dev = m[0].device if isinstance(m, (list, tuple)) else m.device
-    out = _resize_nearest(out, size).to(dev)
-    return out if batch is not None else out[0]
+    def ids_per_view(x: Tensor) -> Tensor:
+        ids = _region_ids(x)
+        if ids.size:  # each view's ids from 0: its run of the joint ids starts at its smallest
+            nz = ids >= 0
+            first = np.where(nz, ids, np.iinfo(np.int64).max).reshape(len(ids), -1).min(1)
+            first = np.where(nz.reshape(len(ids), -1).any(1), first, 0)  # a view without feature: all -1
+            ids = np.where(nz, ids - first[:, None, None], -1)
+        return torch.from_numpy(ids.astype(np.int64))
+
+    return _per_views(m, size, ids_per_view)
 
 
 def region_fraction(m: Union[Tensor, Sequence[Tensor]], size: Optional[Tuple[int, int]] = None) -> Tensor:
@@ -230,21 +231,15 @@ def region_fraction(m: Union[Tensor, Sequence[Tensor]], size: Optional[Tuple[int
     tensor([[0.7500, 0.7500, 0.7500, 0.2500],
             [0.7500, 0.7500, 0.7500, 0.2500]])
     """
-    batch = _as_batch(m)
-    if batch is None and (isinstance(m, (list, tuple)) or m.dim() == 4):  # maps of different sizes
-        return torch.stack([region_fraction(x, size) for x in m])
-    if batch is None and m.dim() != 3:
-        raise ShapeError(f"teacher map must be [h, w, D], got {list(m.shape)}")
-    x = batch if batch is not None else m.detach().float().cpu()[None]
-    ids = torch.from_numpy(_region_ids(x))
-    h, w = ids.shape[1:]
-    ok = ids >= 0
-    counts = torch.bincount(ids[ok], minlength=1).double()  # regions never span views: per-view sizes
-    frac = torch.zeros(ids.shape, dtype=torch.float64)
-    frac[ok] = counts[ids[ok]] / float(h * w)
-    dev = m[0].device if isinstance(m, (list, tuple)) else m.device
-    out = _resize_nearest(frac.float(), size).to(dev)
-    return out if batch is not None else out[0]
+    def fractions(x: Tensor) -> Tensor:
+        ids = torch.from_numpy(_region_ids(x))
+        ok = ids >= 0
+        counts = torch.bincount(ids[ok], minlength=1).double()  # regions never span views: per-view sizes
+        frac = torch.zeros(ids.shape, dtype=torch.float64)
+        frac[ok] = counts[ids[ok]] / float(ids.shape[1] * ids.shape[2])
+        return frac.float()
+
+    return _per_views(m, size, fractions)
 
 
 def _resize_nearest(x: Tensor, size: Optional[Tuple[int, int]]) -> Tensor:
