@@ -179,7 +179,7 @@ def _per_views(m: Union[Tensor, Sequence[Tensor]], size: Optional[Tuple[int, int
     tensor or a sequence of maps (-> ``[B, h, w]``; equal-sized maps in one call, others one by one), resized
     to ``size`` by nearest neighbour, on the maps' device."""
     if isinstance(m, (list, tuple)) or m.dim() == 4:
-        if len(m) == 0 or isinstance(m, Tensor) or all(x.dim() == 3 and x.shape == m[0].shape for x in m):
+        if isinstance(m, Tensor) or all(x.dim() == 3 and x.shape == m[0].shape for x in m):
             batch = m if isinstance(m, Tensor) else torch.stack(list(m))
             return _resize_nearest(fn(batch.detach().float().cpu()), size).to(batch.device)
         return torch.stack([_per_views(x, size, fn) for x in m])
