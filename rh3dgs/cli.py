@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -388,11 +389,30 @@ class Lift:
     overwrite: Overwrite = False
 
     def main(self) -> int:
+        """Single process, or data-parallel under ``torchrun`` (each rank lifts its share of the views and
+        Gaussians, :mod:`rh3dgs.lifting.shard`; rank 0 writes and prints)."""
+        from .lifting import lift
+
+        cfg = self.lift.config()
+        if self.streaming:
+            cfg.cache_projections, cfg.compact_cache = False, False
+
+        def fit(gaussians, cams, maps, checkpoint: Path):
+            res = lift(gaussians, cams, maps, cfg, checkpoint=checkpoint)
+            return res.field(), res.info, (f"lifted {len(gaussians)} Gaussians ({res.info['observed']} observed, "
+                                           f"{res.info['filled']} filled from 3D neighbours) over {len(cams)} views")
+
+        return self.run(cfg, fit, "lift")
+
+    def run(self, cfg: LiftConfig, fit, what: str) -> int:
+        """Load the scene, cameras and teacher maps, ``fit(gaussians, cameras, maps, checkpoint) -> (field, info,
+        line)``, write the scene folder (rank 0). Under torchrun the process group spans the job; the checkpoint
+        folder (in the feature cache, named after the output) lets a rerun of the same command resume."""
+        from .distributed import process_group_from_env
         from .io.coordinate_frames import to_data_frame
         from .io.ply import load_ply
         from .io.scene import save_scene
         from .lifting.preflight import preflight_lift
-        from .lifting import lift
         from .teachers import default_cache_dir, spec_paths
 
         data = Path(self.data)
@@ -407,32 +427,53 @@ class Lift:
             from .errors import PlyFormatError
 
             raise PlyFormatError(self.scene, "the PLY has 0 vertices: no Gaussians to lift")
-        teacher = tcfg.setup(data)
-        d_teacher = int(teacher.dim)
-        cfg = self.lift.config()
-        if self.streaming:
-            cfg.cache_projections, cfg.compact_cache = False, False
+        with process_group_from_env() as group:
+            world, main = (1, True) if group is None else (group.world_size, group.is_main)
+            if group is not None and group.device.type == "cuda":
+                tcfg = dataclasses.replace(tcfg, device=str(group.device))  # each rank on its LOCAL_RANK GPU
+            teacher = tcfg.setup(data)
+            d_teacher = int(teacher.dim)
 
-        def preflight(views: int, w: int, h: int) -> None:  # before any per-frame work or image
-            preflight_lift(len(gaussians), views, h, w, d_teacher, cfg, device=str(gaussians.device))
+            def preflight(views: int, w: int, h: int) -> None:  # before any per-frame work or image
+                preflight_lift(len(gaussians), views, h, w, d_teacher, cfg, device=str(gaussians.device),
+                               world_size=world)
 
-        cams, images = _load_cameras(self.images, cache, data, check_images=False, preflight=preflight)
-        gaussians, frame = to_data_frame(gaussians, self.scene, cams, data, frame=self.frame, images=images)
-        if frame != "data":
-            print(f"{self.scene}: Gaussians in the {frame} frame, mapped to the dataset's (rh3dgs.io.coordinate_frames)")
-        print(preflight_lift(len(gaussians), len(cams), cams.height, cams.width, d_teacher, cfg,
-                             device=str(gaussians.device)).summary())
-        maps = _dataset_maps(cache, teacher, data, images)
-        res = lift(gaussians, cams, maps, cfg)
-        table = {}
-        if hasattr(teacher, "text_queries"):
-            names = teacher.text_queries()
-            table = dict(zip(names, teacher.encode_text(names)))
-        out = save_scene(prepare_output_dir(out, self.overwrite, inputs), gaussians, res.field(), cams, images,
-                         teacher=spec, text_embeddings=table, info=res.info)
-        print(f"lifted {len(gaussians)} Gaussians ({res.info['observed']} observed, {res.info['filled']} filled "
-              f"from 3D neighbours) over {len(cams)} views in {res.info['seconds']:.1f} s -> {out}")
+            cams, images = _load_cameras(self.images, cache, data, check_images=False, preflight=preflight)
+            gaussians, frame = to_data_frame(gaussians, self.scene, cams, data, frame=self.frame, images=images)
+            if main and frame != "data":
+                print(f"{self.scene}: Gaussians in the {frame} frame, mapped to the dataset's "
+                      "(rh3dgs.io.coordinate_frames)")
+            estimate = preflight_lift(len(gaussians), len(cams), cams.height, cams.width, d_teacher, cfg,
+                                      device=str(gaussians.device), world_size=world)
+            if main:
+                print(estimate.summary())
+            maps = _dataset_maps(cache, teacher, data, images, distributed=group is not None)
+            if group is not None:
+                gaussians = gaussians.to(group.device)
+            resume = (Path(cache) if cache else default_cache_dir(data)) / "resume" / (
+                f"{what}-" + hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:12])
+            field, info, line = fit(gaussians, cams, maps, resume)
+            if not main:
+                return 0
+            table = {}
+            if hasattr(teacher, "text_queries"):
+                names = teacher.text_queries()
+                table = dict(zip(names, teacher.encode_text(names)))
+            out = save_scene(prepare_output_dir(out, self.overwrite, inputs), gaussians.to("cpu"), field.to("cpu"),
+                             cams, images, teacher=spec, text_embeddings=table, info=info)
+            shutil.rmtree(resume, ignore_errors=True)  # done: nothing to resume
+            over = f" {_shares(info)}" if group is not None else ""
+            resumed = (f" (resumed after pass {info['resumed_after_pass']})" if "resumed_after_pass" in info else
+                       f" (resumed at step {info['resumed_at_step']})" if "resumed_at_step" in info else "")
+            print(f"{line}{over} in {info['seconds']:.1f} s{resumed} -> {out}")
         return 0
+
+
+def _shares(info: dict) -> str:
+    """"over 2 processes (views 4 + 4, Gaussians owned 500 + 500, seen 800 + 790)" of a distributed job's info."""
+    join = lambda xs: " + ".join(map(str, xs))  # noqa: E731
+    return (f"over {info['world_size']} processes (views {join(info['views_by_rank'])}, Gaussians owned "
+            f"{join(info['owned_by_rank'])}, seen {join(info['seen_by_rank'])})")
 
 
 NEGATIVES_HELP = f"semicolon-separated negatives (default: {format_queries(CANONICAL_NEGATIVES)})"
