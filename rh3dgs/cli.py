@@ -6,6 +6,8 @@
     rh3dgs extract --data DIR --teacher T   teacher features for the dataset's images (cached;
                                             data-parallel: torchrun --nproc_per_node=K -m rh3dgs.cli extract ...)
     rh3dgs lift SCENE.ply --data DIR        training-free lift -> semantic scene folder
+    rh3dgs distill SCENE.ply --data DIR     the lift, then semantic distillation on the fixed Gaussians
+                                            (lift and distill are data-parallel under torchrun --nproc_per_node=K)
     rh3dgs query SCENE "red mug;chair"      relevancy PNGs over the cameras, 3D selections
     rh3dgs select / export                  selections and whole scenes as 3DGS PLY
     rh3dgs eval SCENE --data DIR | --suite  protocols and the synthetic ablation suite
@@ -39,6 +41,7 @@ import tyro
 from tyro.conf import FlagCreatePairsOff, Positional, arg, subcommand
 
 from .data.synthetic import SceneConfig
+from .distill import DistillConfig
 from .errors import ConfigError, Rh3dgsError
 from .eval.cli import Eval
 from .io.outputs import check_not_input, check_output_dir, check_output_file, prepare_output_dir, scene_inputs
@@ -470,10 +473,60 @@ class Lift:
 
 
 def _shares(info: dict) -> str:
-    """"over 2 processes (views 4 + 4, Gaussians owned 500 + 500, seen 800 + 790)" of a distributed job's info."""
+    """"over 2 processes (views 4 + 4, Gaussians owned 500 + 500, seen 800 + 790)" of a distributed job's info
+    (each rank's views; the Gaussians whose sums it finished and those its views see in the lift)."""
     join = lambda xs: " + ".join(map(str, xs))  # noqa: E731
-    return (f"over {info['world_size']} processes (views {join(info['views_by_rank'])}, Gaussians owned "
-            f"{join(info['owned_by_rank'])}, seen {join(info['seen_by_rank'])})")
+    gaussians = (f", Gaussians owned {join(info['owned_by_rank'])}, seen {join(info['seen_by_rank'])}"
+                 if "owned_by_rank" in info else "")
+    return f"over {info['world_size']} processes (views {join(info['views_by_rank'])}{gaussians})"
+
+
+@dataclass
+class DistillOptions(DistillConfig):
+    """:class:`DistillConfig` on the command line (``--steps``, ``--view-order 3 0 5 ...``, ``--objective.*``,
+    ``--lift.*``)."""
+
+    init: Literal["lift", "pca"] = DistillConfig.init
+    seed: Annotated[int, arg(name="distill-seed", help="seed of the views' order (and of init=pca's latents); "
+                                                         "--seed is the teacher's")] = DistillConfig.seed
+
+    def config(self) -> DistillConfig:
+        return as_config(DistillConfig, self)
+
+
+@dataclass
+class Distill:
+    """The lift, then semantic distillation (the VCD + VFM + LIC objective) on the PLY's fixed Gaussians -> a semantic
+    scene folder. Data-parallel over K processes: torchrun --nproc_per_node=K -m rh3dgs.cli distill ...; a rerun of
+    the same command resumes from the last checkpoint (--checkpoint-every steps)."""
+
+    scene: ScenePath
+    """3DGS PLY (INRIA layout), in the frame of the dataset's cameras (or see --frame)"""
+    data: Annotated[str, arg(metavar="PATH")]
+    """dataset folder with transforms.json (and features/)"""
+    output: Output
+    """semantic scene folder to write"""
+    frame: Literal["auto", "data", "nerfstudio", "capture"] = "auto"
+    """frame of the PLY (auto: detected, rh3dgs.io.coordinate_frames); nerfstudio = ns-export's"""
+    distill: Annotated[DistillOptions, arg(name="")] = field(default_factory=DistillOptions)
+    teacher: Teacher = field(default_factory=TeacherOptions)
+    images: Images = field(default_factory=ImageOptions)
+    overwrite: Overwrite = False
+
+    def main(self) -> int:
+        from .distill import distill
+
+        cfg = self.distill.config()
+        job = Lift(scene=self.scene, data=self.data, output=self.output, frame=self.frame, teacher=self.teacher,
+                   images=self.images, overwrite=self.overwrite)
+
+        def fit(gaussians, cams, maps, checkpoint: Path):
+            res = distill(gaussians, cams, maps, cfg, progress=True, checkpoint=checkpoint)
+            return res.field(), res.info, (f"distilled {len(gaussians)} Gaussians ({res.info['valid']} with a feature) "
+                                           f"over {len(cams)} views, {cfg.steps} steps (final loss "
+                                           f"{res.info['final_loss']:.4g})")
+
+        return job.run(dataclasses.replace(cfg.lift, latent_dim=cfg.latent_dim), fit, "distill")
 
 
 NEGATIVES_HELP = f"semicolon-separated negatives (default: {format_queries(CANONICAL_NEGATIVES)})"
@@ -598,7 +651,8 @@ class Export:
 
 
 #: the commands, by name (``rh3dgs NAME --help``)
-COMMANDS = {"demo": Demo, "synth": Synth, "render": Render, "extract": Extract, "lift": Lift, "query": Query,
+COMMANDS = {"demo": Demo, "synth": Synth, "render": Render, "extract": Extract, "lift": Lift, "distill": Distill,
+            "query": Query,
             "select": Select, "export": Export, "eval": Eval, "view": View}
 Command = Union[tuple(Annotated[cls, subcommand(name)] for name, cls in COMMANDS.items())]  # type: ignore[misc]
 

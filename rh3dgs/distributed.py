@@ -57,9 +57,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from .errors import Rh3dgsError
 
-__all__ = ["DistInfo", "DistributedError", "RowExchange", "TRAFFIC", "all_gather_object", "all_gather_rows",
+__all__ = ["DistInfo", "RowExchange", "TRAFFIC", "all_gather_object", "all_gather_rows",
            "all_reduce", "barrier", "block_bounds", "broadcast", "current", "env_world_size",
            "process_group_from_env", "shard"]
 
@@ -68,10 +67,6 @@ DEFAULT_HEARTBEAT_TIMEOUT_S = 60.0
 
 TRAFFIC: Dict[str, List[int]] = {}
 """Bytes sent by this process, per call of each collective (name -> list of bytes)."""
-
-
-class DistributedError(Rh3dgsError):
-    """A rank of the job stopped (or cannot be reached): the others stop too, naming it."""
 
 
 @dataclass(frozen=True)
@@ -146,17 +141,16 @@ def _nbytes(t: Tensor) -> int:
 
 
 def _call(name: str, fn, nbytes: int):
-    """Run a collective; a failure (a rank gone: gloo's closed connection, a timeout) becomes a
-    :class:`DistributedError` naming the lost rank when it can be found."""
+    """Run a collective. When it fails because a rank is gone (gloo: its connection closed; a timeout), the watch
+    names that rank in one line and ends this process (the other failures are raised as they are)."""
     _count(name, nbytes)
     try:
         return fn()
-    except RuntimeError as exc:  # DistBackendError and gloo's errors are RuntimeErrors
+    except RuntimeError:  # DistBackendError and gloo's errors are RuntimeErrors
         lost = _WATCH.describe_lost(wait_s=_WATCH.timeout) if _WATCH is not None else None
-        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
-        me = _dist().get_rank()
-        raise DistributedError(f"{lost or 'a rank stopped'}; rank {me} stops too (its {name} failed: {first}). "
-                               "Rerun the same command to resume") from exc
+        if lost:
+            _WATCH.say(f"{lost}; rank {_dist().get_rank()} stops too (in a {name}). Rerun the same command to resume")
+        raise
 
 
 def _wire(t: Tensor) -> Tensor:

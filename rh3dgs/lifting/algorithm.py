@@ -285,9 +285,10 @@ def _subspace_basis(teacher_maps: TeacherMaps, k: int, views: int, device: torch
 
 
 def initial_field(gaussians, cameras, teacher_maps, latent_dim: int, lift_cfg=None, progress: bool = False,
-                  checkpoint: Optional[Union[str, Path]] = None):
+                  checkpoint: Optional[Union[str, Path]] = None, distributed: Optional[bool] = None):
     """Latents [N, d], decoder [D, d] and the lift's result, from the training-free lift (the start of training;
     in a ``torch.distributed`` group, the distributed lift: every rank gets the whole scene's latents)."""
     cfg = replace(lift_cfg or LiftConfig(), latent_dim=latent_dim)
-    res = lift(gaussians, cameras, teacher_maps, cfg, progress=progress, checkpoint=checkpoint)
+    res = lift(gaussians, cameras, teacher_maps, cfg, progress=progress, checkpoint=checkpoint,
+               distributed=distributed)
     return res.latents, res.decoder, res

@@ -21,7 +21,6 @@ methods are the identity: :func:`rh3dgs.lifting.lift` runs one code path.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
@@ -164,14 +163,6 @@ class LiftShard:
         return {"world_size": self.world, "views_by_rank": self.shares["views"],
                 "owned_by_rank": self.shares["owned"], "seen_by_rank": self.shares["seen"]}
 
-    def summary(self) -> str:
-        """"over 2 processes (views 4 + 4, Gaussians owned 500 + 500, seen 800 + 790)" ('' in one process)."""
-        if self.group is None:
-            return ""
-        s = self.shares
-        return (f"over {self.world} processes (views {' + '.join(map(str, s['views']))}, Gaussians owned "
-                f"{' + '.join(map(str, s['owned']))}, seen {' + '.join(map(str, s['seen']))})")
-
 
 class _BlockRows:
     """Rows of the ranks' blocks of a [N, D] tensor, fetched by scene row (the fill's neighbours)."""
@@ -186,13 +177,3 @@ class _BlockRows:
         ids = ids.to(self.block.device)
         return D.RowExchange(ids, self.bounds, "fill rows").from_owners(self.block)
 
-
-def blocks_of(n: int, world: int) -> List[Tuple[int, int]]:
-    """The (start, end) rows of each rank's block (:func:`rh3dgs.distributed.block_bounds`)."""
-    b = D.block_bounds(n, world)
-    return [(b[i], b[i + 1]) for i in range(world)]
-
-
-def per_rank(n: int, world: int) -> int:
-    """The largest share of ``n`` over ``world`` ranks."""
-    return math.ceil(int(n) / max(1, int(world)))
