@@ -198,7 +198,9 @@ def lift(
     # the view stream and its caches across passes
     views = LiftViews(shard.scene(gaussians), shard.cameras(cameras), shard.maps(teacher_maps), cfg)
     show = progress and shard.is_main
+    pass_seconds: List[float] = []  # each pass run here: its views, the combination, the owners' update
     if state is None:
+        t_pass = time.perf_counter()
         weight, acc_v, mass = shard.combine(views.aggregate("init", description=shard.label("lift: initial mean"),
                                                             progress=show))
         visibility = weight / mass.clamp_min(1e-30)
@@ -209,6 +211,7 @@ def lift(
         prev: Optional[Tensor] = None  # the previous pass's step lengths, when that pass was not extrapolated
         steps: List[float] = []
         done = cfg.method == "euclidean" or cfg.iters == 0
+        pass_seconds.append(time.perf_counter() - t_pass)
         if saved is not None:
             saved.save(0, steps, done, mu=mu, weight=weight, visibility=visibility, observed=valid, active=active)
     else:  # resumed after pass state["pass"]
@@ -217,6 +220,7 @@ def lift(
     if cfg.method != "euclidean" and not done:
         delta = cfg.delta if cfg.method == "robust" else math.inf
         for it in range(len(steps), cfg.iters):
+            t_pass = time.perf_counter()
             acc_w, acc_v, _ = shard.combine(views.aggregate("irls", shard.spread(mu), delta,
                                                             shard.label(f"lift: IRLS pass {it + 1}"), show,
                                                             shard.spread(active)), keep=2)
@@ -234,6 +238,7 @@ def lift(
             done = q_step < cfg.tol or it + 1 == cfg.iters
             if not done:
                 active &= norms >= cfg.tol  # converged (step below tol): it stops here, the others go on
+            pass_seconds.append(time.perf_counter() - t_pass)
             if saved is not None:
                 saved.save(it + 1, steps, done, mu=mu, weight=weight, visibility=visibility, observed=valid,
                            active=active, prev=prev)
@@ -264,7 +269,8 @@ def lift(
         mu = mu @ basis.T
     info = {"method": cfg.method, "use_vcd": cfg.use_vcd, "guided": cfg.guided, "passes": 1 + len(steps),
             "subspace": None if basis is None else int(basis.shape[1]),
-            "step_quantile_per_pass": steps, "seconds": time.perf_counter() - t0, "views": B, "gaussians": N,
+            "step_quantile_per_pass": steps, "seconds_per_pass": pass_seconds, "seconds": time.perf_counter() - t0,
+            "views": B, "gaussians": N,
             "valid": int(valid.sum()), "observed": int(observed.sum()), "filled": int(filled.sum()),
             "hidden": int(((weight >= cfg.min_weight) & ~observed).sum()), **view_info, **shard.info()}
     if state is not None:

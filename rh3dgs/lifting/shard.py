@@ -91,8 +91,8 @@ class LiftShard:
         return 1 if self.group is None else self.group.world_size
 
     def scene(self, gaussians: Gaussians) -> Gaussians:
-        """The Gaussians this rank renders (those its views can see)."""
-        return gaussians if self.seen is None else gaussians[self.seen]
+        """The Gaussians this rank renders (those its views can see; the scene itself, not a copy, when they see all)."""
+        return gaussians if self.seen is None or len(self.seen) == len(gaussians) else gaussians[self.seen]
 
     def cameras(self, cameras: Cameras) -> Cameras:
         return cameras if self.group is None else cameras[self.views]
