@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import os
 import shutil
 import sys
 import time
@@ -453,8 +454,7 @@ class Lift:
             maps = _dataset_maps(cache, teacher, data, images, distributed=group is not None)
             if group is not None:
                 gaussians = gaussians.to(group.device)
-            resume = (Path(cache) if cache else default_cache_dir(data)) / "resume" / (
-                f"{what}-" + hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:12])
+            resume = _resume_folder(Path(cache) if cache else default_cache_dir(data), what, out, main)
             field, info, line = fit(gaussians, cams, maps, resume)
             if not main:
                 return 0
@@ -464,12 +464,33 @@ class Lift:
                 table = dict(zip(names, teacher.encode_text(names)))
             out = save_scene(prepare_output_dir(out, self.overwrite, inputs), gaussians.to("cpu"), field.to("cpu"),
                              cams, images, teacher=spec, text_embeddings=table, info=info)
-            shutil.rmtree(resume, ignore_errors=True)  # done: nothing to resume
+            if resume is not None:  # done: nothing to resume (and no folder left that was not there)
+                shutil.rmtree(resume, ignore_errors=True)
+                for empty in (resume.parent, resume.parent.parent):
+                    with contextlib.suppress(OSError):
+                        empty.rmdir()
             over = f" {_shares(info)}" if group is not None else ""
             resumed = (f" (resumed after pass {info['resumed_after_pass']})" if "resumed_after_pass" in info else
                        f" (resumed at step {info['resumed_at_step']})" if "resumed_at_step" in info else "")
             print(f"{line}{over} in {info['seconds']:.1f} s{resumed} -> {out}")
         return 0
+
+
+def _resume_folder(cache: Path, what: str, out: Path, main: bool) -> Optional[Path]:
+    """The checkpoint folder of the job writing ``out`` (in the feature cache's ``resume/``), or None where it cannot
+    be written (a read-only dataset: the job runs without checkpoints, a rerun starts over)."""
+    folder = cache / "resume" / f"{what}-{hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:12]}"
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        probe = folder.parent / f".probe-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        if main:
+            print(f"rh3dgs: warning: no checkpoints ({folder.parent}: {exc.strerror or exc}); a rerun starts over",
+                  file=sys.stderr)
+        return None
+    return folder
 
 
 def _shares(info: dict) -> str:

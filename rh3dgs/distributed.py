@@ -64,6 +64,8 @@ __all__ = ["DistInfo", "RowExchange", "TRAFFIC", "all_gather_object", "all_gathe
 
 DEFAULT_HEARTBEAT_TIMEOUT_S = 60.0
 """Seconds without a heartbeat after which a rank is declared lost (``RH3DGS_DIST_TIMEOUT`` overrides)."""
+FAILED_GRACE_S = 5.0
+"""Seconds a rank that stopped on an error has to print it and leave before the others name it."""
 
 TRAFFIC: Dict[str, List[int]] = {}
 """Bytes sent by this process, per call of each collective (name -> list of bytes)."""
@@ -337,10 +339,11 @@ class _Watch:
         self.store.set(self._key("beat", self.rank), "0")
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, failed: bool = False) -> None:
+        """Leave the watch: "done", or "failed" (an error ends this rank: the others stop at once, naming it)."""
         self._stop.set()
         with contextlib.suppress(Exception):
-            self.store.set(self._key("beat", self.rank), "done")
+            self.store.set(self._key("beat", self.rank), "failed" if failed else "done")
         self._thread.join(timeout=2 * self.interval + 1)
 
     def _peers(self) -> List[int]:
@@ -350,14 +353,25 @@ class _Watch:
         host, pid = self.who.get(p, ("?", 0))
         return f"rank {p} (pid {pid} on {host})" if pid else f"rank {p}"
 
+    def refresh(self) -> None:
+        """Read the peers' heartbeats now (one store operation); a heartbeat that changed restarts its clock."""
+        peers = self._peers()
+        try:
+            values = self.store.multi_get([self._key("beat", p) for p in peers])
+        except Exception:  # noqa: BLE001 - the store is gone: what was read last stands
+            return
+        self._update(values, time.monotonic())
+
+    def _update(self, values: List[bytes], now: float) -> None:
+        for p, v in zip(self._peers(), values):
+            if p not in self.last or self.last[p][0] != v:
+                self.last[p] = (v, now)
+
     def _left(self, p: int) -> bool:
         """Whether peer p left the group normally (its heartbeat says "done")."""
-        if p in self.last and self.last[p][0] == b"done":
-            return True
-        try:
-            return self.store.get(self._key("beat", p)) == b"done"
-        except Exception:  # noqa: BLE001 - the store is gone too
-            return False
+        if not (p in self.last and self.last[p][0] == b"done"):
+            self.refresh()
+        return p in self.last and self.last[p][0] == b"done"
 
     def _gone_here(self, p: int) -> bool:
         """Whether peer p ran on this machine and its process ended without leaving the group."""
@@ -373,14 +387,18 @@ class _Watch:
             return False
 
     def describe_lost(self, wait_s: float = 0.0) -> Optional[str]:
-        """"rank P (pid .. on ..) stopped" for a peer whose process is gone on this machine or whose heartbeat stopped
-        (waiting up to ``wait_s`` for a heartbeat to go stale); None when every peer still beats."""
+        """"rank P (pid .. on ..) stopped" for a peer that failed, whose process is gone on this machine or whose
+        heartbeat stopped (waiting up to ``wait_s`` for a heartbeat to go stale); None when every peer still beats."""
         deadline = time.monotonic() + wait_s
         while True:
-            for p in self._peers():
-                if self._gone_here(p):
-                    return f"{self._name(p)} stopped"
+            if wait_s > 0:
+                self.refresh()
             now = time.monotonic()
+            for p in self._peers():
+                value, since = self.last.get(p, (b"", now))
+                failed = value == b"failed"  # it prints its error and leaves: gone, or given a few seconds to
+                if self._gone_here(p) or (failed and now - since > min(FAILED_GRACE_S, self.timeout)):
+                    return f"{self._name(p)} stopped" + (" on an error (its own line says which)" if failed else "")
             for p, (value, since) in self.last.items():
                 if value != b"done" and now - since > self.timeout:
                     return f"{self._name(p)} stopped answering ({now - since:.0f} s without a heartbeat)"
@@ -422,14 +440,13 @@ class _Watch:
                     self.say(f"{lost or 'the rendezvous store (torchrun on the first machine) stopped answering'}; "
                              f"rank {self.rank} stops too. Rerun the same command to resume")
                 continue
-            for p, v in zip(peers, values):
-                if p not in self.last or self.last[p][0] != v:
-                    self.last[p] = (v, now)
+            self._update(values, now)
             lost = self.describe_lost()
             if lost and not self._stop.is_set():
                 self.say(f"{lost}; rank {self.rank} stops too. Rerun the same command to resume")
 
     def on_sigterm(self, signum, frame) -> None:  # noqa: ARG002
+        self.refresh()
         lost = self.describe_lost(wait_s=min(3.0, self.timeout))
         self.say(f"{lost}; the launcher stopped rank {self.rank} too. Rerun the same command to resume" if lost else
                  f"rank {self.rank} was stopped by the launcher (SIGTERM). Rerun the same command to resume", 143)
@@ -468,13 +485,17 @@ def process_group_from_env(timeout_s: float = 1800.0) -> Iterator[Optional[DistI
         _WATCH = watch
         if threading.current_thread() is threading.main_thread():
             old_handler = signal.signal(signal.SIGTERM, watch.on_sigterm)
+    failed = False
     try:
         yield DistInfo(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank,
                        backend=dist.get_backend(), device=device)
+    except BaseException:
+        failed = True
+        raise
     finally:
         if owned:
             if watch is not None:
-                watch.stop()
+                watch.stop(failed)
                 _WATCH = None
                 if old_handler is not None:
                     signal.signal(signal.SIGTERM, old_handler)
