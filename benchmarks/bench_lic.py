@@ -24,9 +24,9 @@ PAIRS = 9
 
 def measure(part: str) -> dict:
     """Everything, in this interpreter (run by :func:`main` in a fresh one: its peak RSS is its own)."""
-    from rh3dgs.lic import LICConfig, LICLoss
+    from rh3dgs.method.lic import LICConfig, LICLoss
     from rh3dgs.rendering import render
-    from rh3dgs.vfm import pixel_loss
+    from rh3dgs.method.vfm import pixel_loss
 
     g = random_scene(N, scale=0.03)
     cam = orbit(1, SIZE)

@@ -15,7 +15,7 @@ jobs it is the load-independent figure (wall time grows when other processes tak
   same model hyperparameters and optimizer schedule as the rh3dgs run.
 * baseline on CPU: nerfstudio's splatfacto cannot run on a CPU (``.cuda()`` calls, gsplat's CUDA
   rasterizer, an LPIPS download), so the baseline is the same preset with ``semantics=False``,
-  which builds :class:`rh3dgs.nerfstudio.splatfacto_cpu.SplatfactoCPUModel` (the class the rh3dgs
+  which builds :class:`rh3dgs.nerfstudio.splatfacto_native.SplatfactoNativeModel` (the class the rh3dgs
   model extends): splatfacto's parameters, losses, metrics and densification on rh3dgs's CPU
   rasterizer; no latents, decoder or teacher. Labelled "splatfacto (CPU port: rh3dgs model,
   semantics off)".
@@ -164,7 +164,7 @@ def _setup_shims(cuda: bool) -> Iterator[Optional[str]]:
         saved.append((Nerfstudio, "_load_3D_points", Nerfstudio._load_3D_points))
         Nerfstudio._load_3D_points = load
     if cuda:
-        from rh3dgs.nerfstudio.splatfacto_cpu import NoLPIPS, alexnet_weights_available
+        from rh3dgs.nerfstudio.splatfacto_native import NoLPIPS, alexnet_weights_available
 
         if not alexnet_weights_available():
             import torchmetrics.image.lpip as lpip

@@ -11,7 +11,7 @@ Two settings, each part in its own interpreter so that its peak RSS is its own:
   queries per Gaussian and renders a relevancy map of one view. Seconds per stage, peak RSS
   after each stage, file sizes.
 
-The memory estimate (``rh3dgs.lift_memory.lift_memory_estimate``) of each lift is printed before it
+The memory estimate (``rh3dgs.lifting.preflight.lift_memory_estimate``) of each lift is printed before it
 starts. At 1M Gaussians the projections of all views (~12 GB) are not cached across passes;
 the lift keeps per view only the Gaussians that reach a reliable pixel (``LiftConfig.compact_cache``),
 so the three IRLS passes cost a fraction of the first one.
@@ -48,7 +48,7 @@ def _big_maps(i: int) -> torch.Tensor:
 
 
 def _estimate(n: int, views: int, size: int):
-    from rh3dgs.lift_memory import lift_memory_estimate
+    from rh3dgs.lifting.preflight import lift_memory_estimate
 
     return lift_memory_estimate(n, views, size, size, D)
 

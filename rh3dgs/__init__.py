@@ -10,9 +10,12 @@ from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
+from . import _moved
 from .cameras import Cameras
 from .errors import Rh3dgsError
 from .gaussians import Gaussians
+
+_moved.install()  # module paths from before the regrouping (config.yml files of older runs name them)
 
 # name -> module that defines it; resolved lazily (PEP 562)
 _LAZY = {

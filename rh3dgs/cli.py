@@ -251,7 +251,7 @@ class Demo:
         # held-out views score the semantic answers
         scene = make_scene(self.scene.config(heldout_views=0 if self.no_semantic else 4))
         data = write_dataset(scene, out / "data")
-        steps = 2 if self.no_semantic else 5  # demo_semantic prints [3/5]..[5/5]
+        steps = 2 if self.no_semantic else 5  # rh3dgs.demo prints [3/5]..[5/5]
         print(f"[1/{steps}] synthetic scene: {len(scene.gaussians)} Gaussians, {len(scene.cameras)} views -> "
               f"{data['root']}")
         renders = out / "renders"
@@ -262,9 +262,9 @@ class Demo:
         print(f"[2/{steps}] renders (RGB, depth, alpha PNGs) -> {renders}")
         extra = None
         if not self.no_semantic:
-            from . import demo_semantic
+            from . import demo
 
-            extra = demo_semantic.run(scene, out, self.scene)
+            extra = demo.run(scene, out, self.scene)
         print(f"done in {time.time() - t0:.1f} s. Results: {out.resolve()}")
         if extra:
             print(extra)
@@ -376,7 +376,7 @@ class Lift:
     output: Output
     """semantic scene folder to write"""
     frame: Literal["auto", "data", "nerfstudio", "capture"] = "auto"
-    """frame of the PLY (auto: detected, rh3dgs.io.frames); nerfstudio = ns-export's"""
+    """frame of the PLY (auto: detected, rh3dgs.io.coordinate_frames); nerfstudio = ns-export's"""
     config: Annotated[Optional[str], arg(metavar="YAML")] = None
     """YAML preset of LiftConfig (e.g. configs/lift-robust.yaml): its values replace LiftConfig's defaults;
     options given on the command line still win"""
@@ -388,10 +388,10 @@ class Lift:
     overwrite: Overwrite = False
 
     def main(self) -> int:
-        from .io.frames import to_data_frame
+        from .io.coordinate_frames import to_data_frame
         from .io.ply import load_ply
         from .io.scene import save_scene
-        from .lift_memory import preflight_lift
+        from .lifting.preflight import preflight_lift
         from .lifting import lift
         from .teachers import default_cache_dir, spec_paths
 
@@ -419,7 +419,7 @@ class Lift:
         cams, images = _load_cameras(self.images, cache, data, check_images=False, preflight=preflight)
         gaussians, frame = to_data_frame(gaussians, self.scene, cams, data, frame=self.frame, images=images)
         if frame != "data":
-            print(f"{self.scene}: Gaussians in the {frame} frame, mapped to the dataset's (rh3dgs.io.frames)")
+            print(f"{self.scene}: Gaussians in the {frame} frame, mapped to the dataset's (rh3dgs.io.coordinate_frames)")
         print(preflight_lift(len(gaussians), len(cams), cams.height, cams.width, d_teacher, cfg,
                              device=str(gaussians.device)).summary())
         maps = _dataset_maps(cache, teacher, data, images)

@@ -1,14 +1,14 @@
 """Semantic distillation on FIXED Gaussian geometry (no nerfstudio, no RGB loss).
 
 Optimises per-Gaussian latents ``f [N, d]`` (and optionally the linear decoder ``Dec [D, d]``)
-with the semantic objective of :mod:`rh3dgs.objective` - the same one ``ns-train rh3dgs``
+with the semantic objective of :mod:`rh3dgs.method.objective` - the same one ``ns-train rh3dgs``
 trains - on renders of fixed Gaussians: the semantic half of the paper's
 ``L_rgb + lambda_sem L_VFM + lambda_con L_LIC`` with ``L_rgb`` dropped.
 
 **Choices** (the paper is silent; each is a config field):
 
 * *Initialisation* ``init="lift"`` (default): latents and decoder from the training-free lift
-  (:func:`rh3dgs.objective.initial_field`), so training refines what the lift gives; Gaussians the
+  (:func:`rh3dgs.lifting.initial_field`), so training refines what the lift gives; Gaussians the
   lift leaves without a feature stay at zero (no gradient). ``init="pca"``: decoder = uncentred PCA basis of the
   teacher pixels, random latents ``~ N(0, init_scale^2)``.
 * *Fixed geometry* => every view's compositing weights are computed once and re-used by every
@@ -38,8 +38,8 @@ from torch import Tensor
 from .cameras import Cameras
 from .errors import ConfigError
 from .gaussians import Gaussians
-from .lifting import LiftConfig, pca_decoder
-from .objective import ObjectiveConfig, SemanticObjective, initial_field
+from .lifting import LiftConfig, initial_field, pca_decoder
+from .method.objective import ObjectiveConfig, SemanticObjective
 from .progress import track
 from .rendering import FixedViews, fixed_views
 from .teachers.maps import TeacherMaps, get_map, prepare_maps, region_fraction
@@ -152,7 +152,7 @@ def distill(
         gaussians: the scene (its parameters are not modified).
         cameras: B training views (their resolution is the training resolution).
         teacher_maps: [B, h, w, D], a sequence of [h, w, D] or a callable ``i -> [h, w, D]``, as the
-            teacher gives them (any resolution; see :class:`rh3dgs.objective.ObjectiveConfig.resolution`).
+            teacher gives them (any resolution; see :class:`rh3dgs.method.objective.ObjectiveConfig.resolution`).
         cfg: :class:`DistillConfig`.
         init_lift: a :class:`rh3dgs.lifting.LiftResult` of these views to start from (init="lift"),
             instead of running the lift again (the suite shares one lift between its rows).

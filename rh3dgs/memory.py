@@ -3,7 +3,7 @@
 Every job that can grow with its input checks its estimate against the memory budget
 first (:func:`check_memory`): a PLY's vertex count (:func:`ply_load_bytes`, from the
 header alone), a lift's Gaussians x views x image size x feature dimension
-(:func:`rh3dgs.lift_memory.preflight_lift`), a render's image size (:func:`render_memory_estimate`), an image
+(:func:`rh3dgs.lifting.preflight.preflight_lift`), a render's image size (:func:`render_memory_estimate`), an image
 to decode / undistort / downscale (:func:`image_memory_estimate`) and a teacher feature
 map (:func:`feature_map_bytes`, from the ``.npy`` header). A job over budget stops with
 :class:`rh3dgs.errors.MemoryLimitError`, whose message has the estimate, the budget and
@@ -16,7 +16,7 @@ whichever is smaller: ``rh3dgs --max-memory 8G ...``, ``with memory_limit("8G"):
 the environment variable ``RH3DGS_MAX_MEMORY``.
 
 The lift's own model (its caches, batches and per-Gaussian state) and its preflight are in
-:mod:`rh3dgs.lift_memory`.
+:mod:`rh3dgs.lifting.preflight`.
 
 On disk (:func:`ply_bytes_per_gaussian`, rh3dgs.io.ply): a 3DGS PLY row is
 ``4 * (14 + 3 K)`` bytes for the standard float32 fields (K = 0, 3, 8, 15 higher SH

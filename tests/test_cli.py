@@ -118,7 +118,7 @@ def test_demo_small(tmp_path, capsys):
     metrics = json.loads((tmp_path / "demo" / "metrics.json").read_text())
     assert all(0 <= r["miou_3d"] <= 1 for r in metrics["results"].values())
     # the suite's comparison on the demo scene's held-out views: baseline, robust lift, trained
-    from rh3dgs.demo_semantic import DEMO_ROWS
+    from rh3dgs.demo import DEMO_ROWS
     assert list(metrics["results"]) == list(DEMO_ROWS) and len(metrics["heldout_views"]) == 4
     assert all(row in out for row in DEMO_ROWS) and "held-out" in out
 

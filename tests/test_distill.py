@@ -9,7 +9,7 @@ from rh3dgs.data.synthetic import SceneConfig, make_scene
 from rh3dgs.data.teacher_sim import TeacherSimConfig, make_prototypes, simulate_feature_maps
 from rh3dgs.distill import DistillConfig, distill
 from rh3dgs.errors import ConfigError
-from rh3dgs.objective import VFM_DELTA, ObjectiveConfig
+from rh3dgs.method.objective import VFM_DELTA, ObjectiveConfig
 from rh3dgs.rendering import render
 
 

@@ -115,7 +115,7 @@ def test_applied_transform_of_ns_process_data_is_undone(tmp_path):
 
     import torch
 
-    from rh3dgs.io.frames import applied_transform, nerfstudio_to_data
+    from rh3dgs.io.coordinate_frames import applied_transform, nerfstudio_to_data
 
     A = [[0.0, 0.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]]  # a cyclic axis swap, as a 3x4
     T = [[0.0, -1.0, 0.0, 0.5], [1.0, 0.0, 0.0, -0.25], [0.0, 0.0, 1.0, 2.0]]
@@ -133,3 +133,47 @@ def test_applied_transform_of_ns_process_data_is_undone(tmp_path):
     legacy = torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, -1.0]], dtype=torch.float64)
     torch.testing.assert_close(applied_transform(tmp_path).R.double(), legacy)
 
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _dataclasses_in(obj, seen=None):
+    """Every dataclass instance reachable from ``obj`` through its fields."""
+    import dataclasses
+
+    seen = [] if seen is None else seen
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        seen.append(obj)
+        for value in vars(obj).values():
+            _dataclasses_in(value, seen)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            _dataclasses_in(value, seen)
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            _dataclasses_in(value, seen)
+    return seen
+
+
+def test_a_config_written_before_the_package_was_regrouped_reads_into_todays_classes():
+    """``fixtures/config_6cdebc9.yml`` is what ``ns-train rh3dgs-lite`` wrote at commit 6cdebc9, before the modules
+    moved into ``rh3dgs/lifting/`` and ``rh3dgs/method/``: the class paths it names (``rh3dgs.lifting.LiftConfig``,
+    ``rh3dgs.vcd.VCDConfig``, ``rh3dgs.objective.ObjectiveConfig``) give today's classes, and every field it sets is a
+    field of today's class (a renamed field would load as a stray attribute)."""
+    import dataclasses
+
+    from rh3dgs.lifting import LiftConfig
+    from rh3dgs.method.objective import ObjectiveConfig
+    from rh3dgs.method.vcd import VCDConfig
+
+    cfg = load_run_config(FIXTURES / "config_6cdebc9.yml")
+    model = cfg.pipeline.model
+    assert type(model.lift) is LiftConfig and type(model.objective) is ObjectiveConfig
+    assert type(model.lift.vcd) is VCDConfig and type(model.objective.vcd) is VCDConfig
+    objs = _dataclasses_in(cfg)
+    assert len(objs) > 10
+    for obj in objs:
+        fields = {f.name for f in dataclasses.fields(obj)}
+        assert set(vars(obj)) <= fields, (type(obj).__name__, set(vars(obj)) - fields)
+    assert model.lift == LiftConfig(**{f.name: getattr(model.lift, f.name) for f in dataclasses.fields(LiftConfig)})

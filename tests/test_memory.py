@@ -11,7 +11,8 @@ import pytest
 from PIL import Image
 
 from rh3dgs.errors import ConfigError, MemoryLimitError
-from rh3dgs.lift_memory import lift_memory_estimate, preflight_lift
+from rh3dgs.lifting import LiftConfig
+from rh3dgs.lifting.preflight import lift_memory_estimate, preflight_lift
 from rh3dgs.memory import format_bytes, memory_budget, memory_limit, parse_size
 
 from _scenes import random_lift_scene
@@ -41,12 +42,8 @@ def test_parse_size_and_budget(monkeypatch):
                                     {"record_contributions": False}, {"views_per_batch": 3},
                                     {"max_batch_gaussians": 500}])
 def test_lift_estimate_follows_lifting_rules(cfg_kw):
-    """The estimate predicts the cache and batch size the lift actually uses (lifting.py's rules)."""
-    from rh3dgs import lift_memory as memory
-    from rh3dgs import lift_views
+    """The estimate predicts the cache and batch size the lift actually uses (rh3dgs.lifting.views.cache_plan)."""
     from rh3dgs.lifting import LiftConfig, lift
-
-    assert memory._CACHE_BYTES == lift_views.CACHE_BYTES
     g, cams, maps = random_lift_scene(n=400, views=5, size=32, D=8)
     cfg = LiftConfig(iters=1, latent_dim=0, **cfg_kw)
     est = lift_memory_estimate(len(g), len(cams), 32, 32, 8, cfg=cfg)
@@ -82,7 +79,7 @@ def test_preflight_names_the_knob_that_fits():
     msg = str(ei.value)
     assert "memory estimate" in msg and "to fit: --streaming" in msg and "--views-per-batch 7" in msg
     # below the streaming peak: fewer views per batch, then a downscale
-    one = lift_memory_estimate(n, views, h, w, d, views_per_batch=1, cfg=type("C", (), {"compact_cache": False})())
+    one = lift_memory_estimate(n, views, h, w, d, views_per_batch=1, cfg=LiftConfig(compact_cache=False))
     with memory_limit(one.peak_bytes + 1), pytest.raises(MemoryLimitError) as ei:
         preflight_lift(n, views, h, w, d)
     assert "--views-per-batch 1 --streaming" in str(ei.value) and "--downscale 2" in str(ei.value)

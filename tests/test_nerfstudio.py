@@ -117,7 +117,7 @@ def test_pipeline_builds_on_cpu_without_lpips_download(pipeline):
     # LPIPS is not a submodule: the state dict does not depend on its availability
     assert not any("lpips" in k for k in m.state_dict())
     if m.config.lpips == "auto":
-        from rh3dgs.nerfstudio.splatfacto_cpu import alexnet_weights_available as _alexnet_weights_available
+        from rh3dgs.nerfstudio.splatfacto_native import alexnet_weights_available as _alexnet_weights_available
 
         if not _alexnet_weights_available():
             assert torch.isnan(m.lpips(torch.rand(1, 3, 16, 16), torch.rand(1, 3, 16, 16)))
@@ -226,10 +226,10 @@ def test_one_training_step_on_each_device(pipeline, device):
 
 
 def test_semantic_loss_is_the_objective_of_distill(pipeline):
-    """The model's semantic terms are :class:`rh3dgs.objective.SemanticObjective`'s on the render (the objective
+    """The model's semantic terms are :class:`rh3dgs.method.objective.SemanticObjective`'s on the render (the objective
     of ``distill()``), and the loss and the metrics do not depend on the order the hooks are called in."""
     from rh3dgs.nerfstudio.pipeline import train_cameras_as_rh3dgs
-    from rh3dgs.objective import SemanticObjective
+    from rh3dgs.method.objective import SemanticObjective
     from rh3dgs.rendering import render
 
     pipe, opt = pipeline
@@ -436,7 +436,7 @@ def test_rotate_sh_matches_rotated_evaluation():
 def test_ns_train_trains_the_field_distill_trains(tmp_path):
     """Acceptance (issue 16): ``ns-train rh3dgs``'s model and pipeline, run by nerfstudio's Trainer on CPU, train a
     field whose held-out mIoU is within 1 point of :func:`rh3dgs.distill.distill`'s on the same scene, with the same
-    objective (:class:`rh3dgs.objective.ObjectiveConfig` defaults), the same lift start, steps, learning rates and
+    objective (:class:`rh3dgs.method.objective.ObjectiveConfig` defaults), the same lift start, steps, learning rates and
     views per step.
 
     The geometry is frozen (``freeze_geometry``: no gradient to means / scales / quats / opacities, no
@@ -645,6 +645,28 @@ def test_load_nerfstudio_scene_and_export(trained_run, tmp_path):
     assert len(scene) == len(g) and scene.field.latent_dim == 8
     rel = scene.render_relevancy(1, ["red ball", "blue box"])
     assert rel.shape == (2, 64, 64) and 0 <= float(rel.min()) and float(rel.max()) <= 1
+
+
+@pytest.mark.slow
+def test_a_run_written_before_the_package_was_regrouped_still_loads(trained_run, tmp_path):
+    """A run folder whose config.yml was written at commit 6cdebc9 (``fixtures/config_6cdebc9.yml``: it names
+    ``rh3dgs.lifting.LiftConfig``, ``rh3dgs.vcd.VCDConfig``, ``rh3dgs.objective.ObjectiveConfig``, modules that moved
+    into ``rh3dgs/lifting/`` and ``rh3dgs/method/``) loads into the same scene as today's config of that run."""
+    import shutil
+
+    import rh3dgs
+
+    cfg, _, data = trained_run
+    run = tmp_path / "run"
+    shutil.copytree(cfg.parent, run)
+    text = (Path(__file__).parent / "fixtures" / "config_6cdebc9.yml").read_text()
+    line = "data: &id003 !!python/object/apply:pathlib.PosixPath\n- data\n"
+    assert line in text
+    (run / "config.yml").write_text(text.replace(line, line.replace("- data", f"- {data}")))
+    old, new = rh3dgs.load(run / "config.yml"), rh3dgs.load(cfg)
+    assert torch.equal(old.gaussians.means, new.gaussians.means)
+    assert torch.equal(old.field.latents, new.field.latents) and torch.equal(old.field.decoder, new.field.decoder)
+    assert torch.equal(old.render_relevancy(1, ["red ball"]), new.render_relevancy(1, ["red ball"]))
 
 
 @pytest.mark.slow

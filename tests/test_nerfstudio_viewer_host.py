@@ -28,5 +28,5 @@ def test_every_rh3dgs_model_installs_the_viewer_guard(semantics, monkeypatch):
     g = torch.Generator().manual_seed(0)
     m = cfg.setup(scene_box=SceneBox(aabb=torch.tensor([[-1.0] * 3, [1.0] * 3])), num_train_data=2, metadata={},
                   seed_points=((torch.rand(50, 3, generator=g) - 0.5), (torch.rand(50, 3, generator=g) * 255).byte()))
-    assert type(m).__name__ == ("Rh3dgsModel" if semantics else "SplatfactoCPUModel")
+    assert type(m).__name__ == ("Rh3dgsModel" if semantics else "SplatfactoNativeModel")
     assert calls, "building the model did not install the viewer guard"

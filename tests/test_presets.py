@@ -6,7 +6,7 @@ import pytest
 from rh3dgs.errors import ConfigError
 from rh3dgs.lifting import LiftConfig
 from rh3dgs.presets import load_preset
-from rh3dgs.vcd import VCDConfig
+from rh3dgs.method.vcd import VCDConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ..errors import InputFileError
-from ..io.arrays import NPY_READ_ERRORS
+from ..io.npy import NPY_READ_ERRORS
 
 __all__ = ["BACKGROUND", "LabelledDataset"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
-from ..lic import LICConfig
+from ..method.lic import LICConfig
 
 __all__ = ["TEACHER_PRESETS", "LIFT_OURS", "TRAINED_OURS", "PAPER_LIC", "SUITE_ROWS", "COMPARISONS"]
 

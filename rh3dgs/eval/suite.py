@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from .memory import PeakMemory
+from .peak import PeakMemory
 from .rows import COMPARISONS, LIFT_OURS, SUITE_ROWS, TEACHER_PRESETS
 from .scoring import evaluate_scene, read_gt_dataset, scene_report_markdown, score_gaussians, score_views
 
@@ -117,7 +117,7 @@ def run_suite(out_dir: PathLike, cfg: Optional[SuiteConfig] = None, work_dir: Op
     from ..distill import DistillConfig, distill
     from ..io.scene import save_scene
     from ..lifting import LiftConfig, lift
-    from ..objective import ObjectiveConfig
+    from ..method.objective import ObjectiveConfig
     from ..progress import track
     from ..rendering import fixed_views
     from . import report

@@ -29,9 +29,9 @@ names of other modules) is refused before anything is imported: :class:`Nerfstud
 
 Frames: nerfstudio trains in its *normalised* frame (the dataparser re-orients, centres and
 scales the poses; ``dataparser_transforms.json`` in the run folder records it, with ns-process-data's
-``applied_transform`` folded in: :mod:`rh3dgs.io.frames`). ``frame="data"`` (default) maps the
+``applied_transform`` folded in: :mod:`rh3dgs.io.coordinate_frames`). ``frame="data"`` (default) maps the
 Gaussians back to the frame of the dataset's own ``transforms.json`` (means, log-scales, rotations and
-the view-dependent SH coefficients: :func:`rh3dgs.io.frames.transform_gaussians`), so they line up with
+the view-dependent SH coefficients: :func:`rh3dgs.io.coordinate_frames.transform_gaussians`), so they line up with
 the cameras that :func:`rh3dgs.load_transforms` reads; ``frame="nerfstudio"`` keeps the training frame
 and transforms the cameras instead.
 
@@ -55,6 +55,7 @@ import importlib
 import os
 import pathlib
 import pickle
+import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Literal, Optional, Tuple, Union
 
@@ -65,7 +66,7 @@ from torch import Tensor
 from ..cameras import Cameras, OPENGL_TO_OPENCV
 from ..errors import Rh3dgsError
 from ..gaussians import SH_C0, Gaussians
-from .frames import (DATAPARSER_TRANSFORMS, Similarity, nerfstudio_to_data, rotate_sh, transform_c2w,
+from .coordinate_frames import (DATAPARSER_TRANSFORMS, Similarity, nerfstudio_to_data, rotate_sh, transform_c2w,
                      transform_gaussians)
 
 __all__ = ["load_nerfstudio_scene", "export_semantic_ply", "load_run_config", "find_checkpoint",
@@ -100,7 +101,9 @@ def _find(name: str, modules: Tuple[str, ...], node) -> Any:
         raise _refuse(node, "is not allowed: a nerfstudio run config names only classes of "
                             f"{', '.join(m.rstrip('.') for m in modules)}")
     try:
-        return getattr(importlib.import_module(module), attr)
+        with warnings.catch_warnings():  # a run written before a module moved names its old path (rh3dgs._moved)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return getattr(importlib.import_module(module), attr)
     except Exception as exc:  # noqa: BLE001 - ImportError, or what the module raises on import
         raise _refuse(node, f"names {name}, which cannot be imported ({type(exc).__name__}: {exc})") from None
 

@@ -36,7 +36,7 @@ from torch import Tensor
 from ..cameras import Cameras
 from ..errors import InputFileError
 from ..gaussians import Gaussians
-from .arrays import NPY_READ_ERRORS
+from .npy import NPY_READ_ERRORS
 
 __all__ = ["SceneData", "save_scene", "read_scene", "read_scene_folder", "SCENE_FORMAT"]
 

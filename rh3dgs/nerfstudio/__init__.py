@@ -3,8 +3,8 @@
 Modules (import them explicitly; importing this package does not import nerfstudio):
 
 * :mod:`rh3dgs.nerfstudio.config`      MethodSpecifications ``rh3dgs_method``, ``rh3dgs_lite_method``
-* :mod:`rh3dgs.nerfstudio.splatfacto_cpu` ``SplatfactoCPUModel`` (splatfacto, runnable on CPU; ``semantics=False``)
-* :mod:`rh3dgs.nerfstudio.model`       ``Rh3dgsModel`` (``SplatfactoCPUModel`` + latents, decoder, losses)
+* :mod:`rh3dgs.nerfstudio.splatfacto_native` ``SplatfactoNativeModel`` (splatfacto, runnable on CPU; ``semantics=False``)
+* :mod:`rh3dgs.nerfstudio.model`       ``Rh3dgsModel`` (``SplatfactoNativeModel`` + latents, decoder, losses)
 * :mod:`rh3dgs.nerfstudio.dataparser`  ``Rh3dgsDataParser`` (nerfstudio-data, seed points via plyfile, no open3d)
 * :mod:`rh3dgs.nerfstudio.datamanager` ``Rh3dgsDataManager`` (teacher maps in ``batch["teacher"]``)
 * :mod:`rh3dgs.nerfstudio.pipeline`    ``Rh3dgsPipeline`` (semantic initialisation)

@@ -12,7 +12,7 @@ Maps at the image / loss size are prepared once per camera and kept on the train
 (up to ``teacher_cache_mb``), so a training step only reads its camera's map. When the model's objective
 uses VCD's mask-specificity term, batches also carry ``batch["teacher_regions"]`` ``[H, W]``: the region
 fractions of the map as the teacher gives it (:func:`rh3dgs.teachers.maps.region_fraction`), once per camera,
-and always ``batch["teacher_footprint"]``, the render pixels per cell of that map (:func:`rh3dgs.vcd.teacher_footprint`).
+and always ``batch["teacher_footprint"]``, the render pixels per cell of that map (:func:`rh3dgs.method.vcd.teacher_footprint`).
 
 Extraction is lazy (first batch, or :meth:`Rh3dgsDataManager.teacher_maps`), so loading a
 trained run for viewing / export never needs the teacher.
@@ -31,7 +31,7 @@ from nerfstudio.utils.rich_utils import CONSOLE
 
 from ..teachers import DatasetMaps, TeacherConfig, dataset_maps, upsample_features
 from ..teachers.maps import region_fraction
-from ..vcd import teacher_footprint
+from ..method.vcd import teacher_footprint
 
 __all__ = ["Rh3dgsDataManagerConfig", "Rh3dgsDataManager"]
 

@@ -1,6 +1,6 @@
-"""``Rh3dgsModel``: :class:`SplatfactoCPUModel` + per-Gaussian semantic latents trained with :mod:`rh3dgs.objective`.
+"""``Rh3dgsModel``: :class:`SplatfactoNativeModel` + per-Gaussian semantic latents trained with :mod:`rh3dgs.method.objective`.
 
-The CPU-safe splatfacto is :mod:`rh3dgs.nerfstudio.splatfacto_cpu`; this model is that class plus
+The CPU-safe splatfacto is :mod:`rh3dgs.nerfstudio.splatfacto_native`; this model is that class plus
 (as nerfstudio-method-template's ``populate_modules(): super().populate_modules()``):
 
 * ``gauss_params["latents"]`` [N, d]: beside means / scales / ... so that the densification
@@ -8,12 +8,12 @@ The CPU-safe splatfacto is :mod:`rh3dgs.nerfstudio.splatfacto_cpu`; this model i
   params dict together with its optimizer state) carries it.
 * ``decoder`` [D, d]: the linear decoder (nn.Parameter, optimizer group ``decoder``; learning rate 0
   in the presets: kept as the lift's basis, as ``distill()``'s ``decoder_lr = 0``).
-* ``objective``: the one semantic objective (:class:`rh3dgs.objective.SemanticObjective`, the
+* ``objective``: the one semantic objective (:class:`rh3dgs.method.objective.SemanticObjective`, the
   objective of ``distill()`` too) with its background latent (optimizer group ``background_latent``)
-  and its LIC state. ``Rh3dgsModelConfig.objective`` is an :class:`~rh3dgs.objective.ObjectiveConfig`
+  and its LIC state. ``Rh3dgsModelConfig.objective`` is an :class:`~rh3dgs.method.objective.ObjectiveConfig`
   with the same defaults as ``DistillConfig.objective``.
 * Initialisation (:meth:`initialize_semantics`, called by the pipeline): latents and decoder from the
-  training-free lift of the training views on the initial Gaussians (:func:`rh3dgs.objective.initial_field`,
+  training-free lift of the training views on the initial Gaussians (:func:`rh3dgs.lifting.initial_field`,
   with ``lift``: the same :class:`~rh3dgs.lifting.LiftConfig` as ``distill()``); ``init="random"``:
   random latents and an orthonormal random decoder. Gaussians the lift leaves without a feature keep a
   zero latent, which stays zero (no gradient), as in ``distill()``.
@@ -33,7 +33,7 @@ The CPU-safe splatfacto is :mod:`rh3dgs.nerfstudio.splatfacto_cpu`; this model i
 * ``freeze_geometry``: only the semantic parts train (no gradient to means / scales / quats / opacities,
   no densification): ``distill()``'s problem, on the model's Gaussians (e.g. a trained splatfacto's).
 
-``semantics=False`` in the config builds :class:`SplatfactoCPUModel` itself (splatfacto on rh3dgs's
+``semantics=False`` in the config builds :class:`SplatfactoNativeModel` itself (splatfacto on rh3dgs's
 rasterizer: the CPU baseline of ``benchmarks/bench_nstrain.py``).
 """
 from __future__ import annotations
@@ -51,11 +51,11 @@ from nerfstudio.utils.rich_utils import CONSOLE
 
 from ..cameras import Cameras
 from ..errors import ConfigError
-from ..lifting import LiftConfig
-from ..objective import ObjectiveConfig, SemanticObjective, initial_field, teacher_grid
+from ..lifting import LiftConfig, initial_field
+from ..method.objective import ObjectiveConfig, SemanticObjective, teacher_grid
 from ..query import TEMPERATURE
 from ..teachers.maps import prepare_map
-from .splatfacto_cpu import SplatfactoCPUModel, SplatfactoCPUModelConfig, ViewRender
+from .splatfacto_native import SplatfactoNativeModel, SplatfactoNativeModelConfig, ViewRender
 
 __all__ = ["Rh3dgsModelConfig", "Rh3dgsModel", "GEOMETRY_GROUPS"]
 
@@ -64,12 +64,12 @@ GEOMETRY_GROUPS = ("means", "scales", "quats", "opacities")
 
 
 @dataclass
-class Rh3dgsModelConfig(SplatfactoCPUModelConfig):
-    """Splatfacto + the Rh-3DGS semantic objective (:class:`rh3dgs.objective.ObjectiveConfig`)."""
+class Rh3dgsModelConfig(SplatfactoNativeModelConfig):
+    """Splatfacto + the Rh-3DGS semantic objective (:class:`rh3dgs.method.objective.ObjectiveConfig`)."""
 
     _target: Type = field(default_factory=lambda: Rh3dgsModel)
     semantics: bool = True
-    """False: build plain splatfacto on rh3dgs's rasterization path (:class:`SplatfactoCPUModel`): no latents,
+    """False: build plain splatfacto on rh3dgs's rasterization path (:class:`SplatfactoNativeModel`): no latents,
     decoder, teacher maps, semantic losses or metrics (the semantic settings are then unused)."""
     latent_dim: int = 16
     """d: per-Gaussian semantic latent size."""
@@ -103,11 +103,11 @@ class Rh3dgsModelConfig(SplatfactoCPUModelConfig):
     """Report mean teacher cosine (and its VCD-weighted version) in eval metrics."""
 
     def setup(self, **kwargs):
-        """The model: :class:`Rh3dgsModel`, or with ``semantics=False`` :class:`SplatfactoCPUModel`."""
-        return (self._target if self.semantics else SplatfactoCPUModel)(self, **kwargs)
+        """The model: :class:`Rh3dgsModel`, or with ``semantics=False`` :class:`SplatfactoNativeModel`."""
+        return (self._target if self.semantics else SplatfactoNativeModel)(self, **kwargs)
 
 
-class Rh3dgsModel(SplatfactoCPUModel):
+class Rh3dgsModel(SplatfactoNativeModel):
     """Splatfacto (CPU-safe) with per-Gaussian semantic latents (see module docstring)."""
 
     config: Rh3dgsModelConfig
@@ -169,7 +169,7 @@ class Rh3dgsModel(SplatfactoCPUModel):
     def step_post_backward(self, step):
         """splatfacto's densification (gsplat's strategy), then LIC's graph marked for rebuilding when the strategy
         changed the Gaussians: its duplicate / split / remove put new Parameters in ``gauss_params``, and a step that
-        adds as many as it prunes keeps N, which :meth:`rh3dgs.lic.LICLoss.needs_refresh` alone would not notice."""
+        adds as many as it prunes keeps N, which :meth:`rh3dgs.method.lic.LICLoss.needs_refresh` alone would not notice."""
         means = self.gauss_params["means"]
         super().step_post_backward(step)
         if self.gauss_params["means"] is not means and self.objective.lic is not None:
@@ -371,7 +371,7 @@ class Rh3dgsModel(SplatfactoCPUModel):
 
     @torch.no_grad()
     def semantic_metrics(self, outputs, batch) -> Dict[str, Tensor]:
-        """On what the objective compares (:meth:`rh3dgs.objective.SemanticObjective.compare`): ``sem_cos``, the
+        """On what the objective compares (:meth:`rh3dgs.method.objective.SemanticObjective.compare`): ``sem_cos``, the
         mean cosine of the decoded render to the teacher on cells the scene covers (pooled A >= 0.5) where the
         teacher gives a feature; ``sem_cos_vcd``: the mean weighted by the objective's pixel weights."""
         lat, A, D1, D2, dec, t, regions, footprint = self._objective_inputs(outputs, batch)

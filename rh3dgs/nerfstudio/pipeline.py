@@ -23,7 +23,7 @@ from nerfstudio.pipelines.base_pipeline import VanillaPipeline, VanillaPipelineC
 from ..cameras import Cameras
 from .datamanager import Rh3dgsDataManager
 from .model import Rh3dgsModel
-from .splatfacto_cpu import viewmat_from_c2w
+from .splatfacto_native import viewmat_from_c2w
 
 __all__ = ["Rh3dgsPipelineConfig", "Rh3dgsPipeline", "train_cameras_as_rh3dgs", "teacher_size_for"]
 

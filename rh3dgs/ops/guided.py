@@ -1,6 +1,6 @@
 """``guided_upsample``: joint bilateral upsampling of a coarse teacher map (native op on CPU).
 
-The lift's guided maps (:mod:`rh3dgs.lift_views`; re-exported by :mod:`rh3dgs.teachers.maps`). The formula is in
+The lift's guided maps (:mod:`rh3dgs.lifting.views`; re-exported by :mod:`rh3dgs.teachers.maps`). The formula is in
 :func:`guided_upsample`'s docstring; :func:`rh3dgs.ops._ref._ref_guided_upsample` computes it with torch (other
 devices, tests).
 """

@@ -7,7 +7,7 @@ kind 0 entries are ignored (their index is not read, e.g. -1 padding):
     loss_a = log sum_{kind > 0} exp(s_aj) - mean_{kind = 2} s_aj      (0 when a has no positive)
 
 which is -1/|P| sum_{p in P} log(exp(s_ap) / sum_j exp(s_aj)), the SupCon "L_out" form that
-:class:`rh3dgs.lic.LICLoss` averages over anchors. The kernels read only the rows they touch and
+:class:`rh3dgs.method.lic.LICLoss` averages over anchors. The kernels read only the rows they touch and
 write the gradient rows straight into dL/dfeatures; the torch formulation
 (:func:`rh3dgs.ops._ref._ref_lic_infonce`) normalises all N rows and scatters the gathered
 rows' gradients back with ``index_put``, which was most of an LIC step. The native forward also

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from ..errors import FeatureFormatError, InputFileError, NonFiniteError, ShapeError
-from ..io.arrays import NPY_READ_ERRORS
+from ..io.npy import NPY_READ_ERRORS
 from ..io.atomic import atomic_save_bytes, atomic_save_json
 from ..progress import track
 from .base import Teacher

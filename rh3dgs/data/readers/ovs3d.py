@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from ...cameras import Cameras
-from ...io.arrays import NPY_READ_ERRORS
+from ...io.npy import NPY_READ_ERRORS
 from ...errors import InputFileError
 
 __all__ = ["OVS3DFormatError", "OVS3DScene", "read_poses_bounds", "llff_to_opencv_viewmats", "load_ovs3d"]

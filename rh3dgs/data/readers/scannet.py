@@ -28,7 +28,7 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ...io.arrays import NPY_READ_ERRORS
+from ...io.npy import NPY_READ_ERRORS
 from ...errors import InputFileError
 
 __all__ = ["PointLabelError", "read_labelled_points", "nearest_gaussian", "transfer_predictions_to_points",

@@ -5,7 +5,7 @@ import torch
 
 from rh3dgs import Cameras, Gaussians
 from rh3dgs.rendering import render
-from rh3dgs.vcd import VCDConfig, reliability_weights
+from rh3dgs.method.vcd import VCDConfig, reliability_weights
 
 
 def _plane(x0, x1, y0, y1, z, spacing, sigma):

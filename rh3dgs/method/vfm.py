@@ -20,7 +20,7 @@ from typing import Dict, Optional, Tuple, Union
 import torch
 import torch.nn.functional as F
 
-from .errors import ConfigError, NonFiniteError, ShapeError
+from ..errors import ConfigError, NonFiniteError, ShapeError
 from .sphere import geodesic_distance, huber, robust_frechet_mean
 
 __all__ = ["VFMConfig", "delta_at", "pixel_loss", "mean_loss", "vfm_loss"]

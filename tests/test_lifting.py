@@ -10,9 +10,9 @@ from rh3dgs.errors import ConfigError, NonFiniteError
 from rh3dgs.lifting import LiftConfig, lift
 from rh3dgs.ops._ref import _ref_tile_contributions
 from rh3dgs.rendering import render
-from rh3dgs.sphere import geodesic_distance, robust_frechet_mean
+from rh3dgs.method.sphere import geodesic_distance, robust_frechet_mean
 from rh3dgs.teachers.maps import region_fraction
-from rh3dgs.vcd import pixel_weights
+from rh3dgs.method.vcd import pixel_weights
 
 
 def _scene(n=300, views=4, size=40, D=8, seed=0):
@@ -77,7 +77,7 @@ def test_lift_matches_explicit_frechet_mean(method, use_vcd, device):
 def test_lift_of_mask_maps_matches_explicit_frechet_mean_with_mask_specificity():
     """A mask teacher (piecewise-constant maps at the image's resolution, masks of unequal size): the lift's
     pixel weights carry VCD's mask-specificity term, and the lift still equals the explicit robust mean."""
-    from rh3dgs.vcd import VCDConfig
+    from rh3dgs.method.vcd import VCDConfig
 
     gs, cams, _ = _scene()
     g = torch.Generator().manual_seed(3)
@@ -144,7 +144,7 @@ def test_extrapolated_irls_ends_nearer_the_robust_mean():
     """Aitken's extrapolation every second pass (LiftConfig.extrapolate): where a Gaussian's samples disagree
     (random maps) the IRLS converges slowly, and 3 extrapolated passes end nearer the converged robust mean
     than 3 or 5 plain ones."""
-    from rh3dgs.lifting import aitken_factor
+    from rh3dgs.lifting.algorithm import aitken_factor
 
     torch.testing.assert_close(aitken_factor(torch.tensor([0.05, 0.2, 0.0, 0.09]), torch.tensor([0.1, 0.1, 0.0, 0.1])),
                                torch.tensor([2.0, 1.0, 1.0, 5.0]))  # r = 0.5; grew; none; 0.9 clipped to 0.8
@@ -207,7 +207,7 @@ def test_recording_stops_at_the_first_chunk_that_does_not_fit(monkeypatch):
     """A budget for one chunk's contributions: the first chunk is recorded and replayed, the second one's
     recording is thrown away, the others are not recorded at all (each would be recorded and thrown away),
     and both run their traversal; the same lift."""
-    import rh3dgs.lift_views as lv
+    import rh3dgs.lifting.views as lv
     from rh3dgs.rendering import render
 
     gs, cams, maps = _dense_scene()
@@ -243,7 +243,7 @@ def test_guided_lift_is_the_lift_of_guided_maps():
     import dataclasses
 
     from rh3dgs.teachers.maps import guided_upsample, prepare_map
-    from rh3dgs.vcd import VCDConfig
+    from rh3dgs.method.vcd import VCDConfig
 
     gs, cams, maps = _dense_scene()
     coarse = [torch.nn.functional.avg_pool2d(m.permute(2, 0, 1)[None], 4)[0].permute(1, 2, 0) for m in maps]
@@ -266,7 +266,7 @@ def test_guided_lift_is_the_lift_of_guided_maps():
 def test_compact_cache_needs_the_pixel_ending_gaussians(monkeypatch):
     """Keeping only the contributors would change the result: dropped Gaussians that end a pixel
     let the ones behind them composite there. Guards the second pass of the compaction."""
-    import rh3dgs.lift_views as lift_mod
+    import rh3dgs.lifting.views as lift_mod
 
     gs, cams, maps = _dense_scene(seed=4)
     cfg = LiftConfig(iters=2, views_per_batch=1, cache_projections=False, latent_dim=0)
@@ -292,7 +292,7 @@ def test_compact_cache_needs_the_pixel_ending_gaussians(monkeypatch):
 @pytest.mark.parametrize("budget", ["nothing", "half", "all but the last maps", "all"])
 def test_compact_cache_budget(monkeypatch, budget):
     """Views whose compact data do not fit are recomputed each pass; maps that do not fit are requested again."""
-    import rh3dgs.lift_views as lift_mod
+    import rh3dgs.lifting.views as lift_mod
 
     gs, cams, maps = _dense_scene(seed=5)
     V = len(cams)
@@ -396,7 +396,7 @@ def test_gaussians_seen_only_through_an_occluder_are_invalid():
 
 def test_fill_gives_hidden_gaussians_the_feature_of_their_coloured_neighbours():
     """Hidden floor (grey) under a box (blue): grey hidden Gaussians take the floor's feature, blue ones the box's."""
-    from rh3dgs.lifting import fill_from_neighbours
+    from rh3dgs.lifting.fill import fill_from_neighbours
 
     g = torch.Generator().manual_seed(0)
     floor_obs = torch.cat([torch.rand(200, 2, generator=g) * 2 - 1, torch.zeros(200, 1)], 1)

@@ -29,7 +29,7 @@
   Before ``warmup_steps`` the loss is an exact zero that keeps the autograd graph.
 
 >>> import torch
->>> from rh3dgs.lic import LICConfig, LICLoss
+>>> from rh3dgs.method.lic import LICConfig, LICLoss
 >>> means = torch.tensor([[0.0, 0, 0], [0.01, 0, 0], [0.02, 0, 0]])
 >>> colors = torch.tensor([[1.0, 0, 0], [1.0, 0, 0], [0.0, 0, 1]])     # two red Gaussians, one blue
 >>> feats = torch.tensor([[1.0, 0], [0.0, 1], [0.0, 1]])
@@ -47,8 +47,8 @@ import torch
 import torch.nn.functional as F
 from scipy.spatial import cKDTree
 
-from .errors import ConfigError, NonFiniteError, ShapeError
-from .ops.lic import lic_infonce, lic_pull
+from ..errors import ConfigError, NonFiniteError, ShapeError
+from ..ops.lic import lic_infonce, lic_pull
 
 __all__ = ["LICConfig", "radius_graph", "spherical_kmeans", "pseudo_instances", "LICLoss"]
 

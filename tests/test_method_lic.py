@@ -1,4 +1,4 @@
-"""rh3dgs.lic: radius graph, spherical k-means pseudo-instances, the LIC contrastive loss."""
+"""rh3dgs.method.lic: radius graph, spherical k-means pseudo-instances, the LIC contrastive loss."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rh3dgs.errors import ConfigError, ShapeError
-from rh3dgs.lic import LICConfig, LICLoss, pseudo_instances, radius_graph, spherical_kmeans
+from rh3dgs.method.lic import LICConfig, LICLoss, pseudo_instances, radius_graph, spherical_kmeans
 
 
 def brute_force_graph(pts: np.ndarray, radius: float, cap: int) -> list:

@@ -1,4 +1,4 @@
-"""rh3dgs.vcd: reliability weights on hand-built render statistics of a two-surface scene."""
+"""rh3dgs.method.vcd: reliability weights on hand-built render statistics of a two-surface scene."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rh3dgs.errors import ConfigError, NonFiniteError, ShapeError
-from rh3dgs.vcd import VCDConfig, reliability_weights, render_depth_stats
+from rh3dgs.method.vcd import VCDConfig, reliability_weights, render_depth_stats
 
 H, W = 8, 16
 Z_FRONT, Z_BACK = 1.0, 3.0
@@ -208,7 +208,7 @@ def test_mask_specificity_term():
 def test_mixing_terms_only_against_a_teacher_coarser_than_the_render():
     """mixing_coarse_only: W_op and W_var apply for a footprint > 1 px (a patch teacher), not at the render's
     resolution (footprint 0 or 1: a mask teacher), where only the other terms remain."""
-    from rh3dgs.vcd import pixel_weights, teacher_footprint
+    from rh3dgs.method.vcd import pixel_weights, teacher_footprint
 
     A, D1, D2 = two_surface(mixed=True, low_alpha=True)
     A, D1, D2 = A.float(), D1.float(), D2.float()

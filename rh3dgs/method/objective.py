@@ -27,13 +27,13 @@ What a training step of either path computes from a render of the latents (B vie
   (held-out views and 3D queries lose while the training pixels fit). It is computed from the render
   of the latents and A alone (for unit latents), at no extra rasterization cost. LIC (below) holds much of
   the same drift in 3D, and with both on the strong CLIP-like teacher loses (docs/method.md section 7).
-* LIC (:mod:`rh3dgs.lic`, ``LICConfig.rh3dgs()``) pulls each Gaussian's decoded feature towards those of its
+* LIC (:mod:`rh3dgs.method.lic`, ``LICConfig.rh3dgs()``) pulls each Gaussian's decoded feature towards those of its
   3D neighbours of the same colour: a piece of one surface carries one feature, in the views and between
   them. Its positives come from the Gaussians' colours, not from the features being trained.
 * The decoder is initialised with the latents from the training-free lift
-  (:func:`initial_field`), so training starts from what :func:`rh3dgs.lifting.lift` gives.
+  (:func:`rh3dgs.lifting.initial_field`), so training starts from what :func:`rh3dgs.lifting.lift` gives.
 
-The pixel weights are :func:`rh3dgs.vcd.pixel_weights`, the lift's definition too (one place).
+The pixel weights are :func:`rh3dgs.method.vcd.pixel_weights`, the lift's definition too (one place).
 """
 from __future__ import annotations
 
@@ -44,13 +44,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .errors import ConfigError
-from .field import decoder_factor
+from ..errors import ConfigError
+from ..field import decoder_factor
 from .lic import LICConfig, LICLoss
 from .vcd import VCDConfig, pixel_weights, teacher_footprint
 from .vfm import VFMConfig, vfm_loss
 
-__all__ = ["ObjectiveConfig", "SemanticObjective", "initial_field", "ray_spread", "teacher_grid"]
+__all__ = ["ObjectiveConfig", "SemanticObjective", "ray_spread", "teacher_grid"]
 
 
 #: VFM's Huber threshold (rad) when training starts from the lift (development draws of the suite, seed 1000:
@@ -109,7 +109,7 @@ class ObjectiveConfig:
     use_vcd: bool = True
     """Weight pixels by VCD reliability (False: uniform on covered pixels with a teacher feature)."""
     vcd: VCDConfig = field(default_factory=lambda: VCDConfig.rh3dgs(mixing_coarse_only=True))
-    """VCD settings (:meth:`rh3dgs.vcd.VCDConfig.rh3dgs`: opacity and depth variance, mask specificity, no edge or
+    """VCD settings (:meth:`rh3dgs.method.vcd.VCDConfig.rh3dgs`: opacity and depth variance, mask specificity, no edge or
     footprint terms: a small object is a feature bump with edges all around, so teacher-feature edges down-weight
     exactly the views that see it), with opacity and depth variance only against a teacher coarser than the render
     (``mixing_coarse_only``: on the mask teachers' development pairs they cost held-out and 3D mIoU once training
@@ -123,10 +123,10 @@ class ObjectiveConfig:
     ``vfm=VFMConfig(anneal_steps=steps)``; no Frechet-mean term, see :data:`VFM_DELTA`)."""
     use_lic: bool = True
     """LIC on the decoded per-Gaussian features: each Gaussian is pulled to the features of its 3D neighbours of
-    the same colour (:meth:`rh3dgs.lic.LICConfig.rh3dgs`; the paper's k-means pseudo-instances with InfoNCE cost
+    the same colour (:meth:`rh3dgs.method.lic.LICConfig.rh3dgs`; the paper's k-means pseudo-instances with InfoNCE cost
     held-out mIoU in every form tried once training starts from the lift, docs/method.md section 7)."""
     lic: Optional[LICConfig] = None
-    """LIC settings; None: :meth:`lic_config` (:meth:`rh3dgs.lic.LICConfig.rh3dgs`, start and refresh scaled to
+    """LIC settings; None: :meth:`lic_config` (:meth:`rh3dgs.method.lic.LICConfig.rh3dgs`, start and refresh scaled to
     the run)."""
     lambda_sem: float = 1.0
     """Weight of the semantic pixel loss."""
@@ -214,7 +214,7 @@ class SemanticObjective(torch.nn.Module):
         cfg = self.cfg
         H, W = latents_2d.shape[1:3]
         grid = teacher_grid(teacher, (H, W)) if cfg.resolution == "teacher" else (H, W)
-        from .teachers.maps import prepare_map, region_fraction
+        from ..teachers.maps import prepare_map, region_fraction
 
         with torch.no_grad():
             z = torch.stack([prepare_map(t, grid) for t in teacher])  # [B, h, w, D] unit
@@ -250,7 +250,7 @@ class SemanticObjective(torch.nn.Module):
             regions: [B, H, W] :func:`rh3dgs.teachers.maps.region_fraction` of the teacher maps at the render's size,
                 when the caller keeps them per view (None: computed here when :attr:`uses_regions`).
             footprint: pixels of the render each cell of the teacher's own map describes
-                (:func:`rh3dgs.vcd.teacher_footprint`; VCD's ``mixing_coarse_only``), for a caller that resized the
+                (:func:`rh3dgs.method.vcd.teacher_footprint`; VCD's ``mixing_coarse_only``), for a caller that resized the
                 map (None: read off ``teacher``).
         Returns:
             ``(lambda_sem * L_sem, parts)``.
@@ -260,7 +260,7 @@ class SemanticObjective(torch.nn.Module):
         if cfg.use_vfm:
             region_ids = None  # the teacher's own regions (a mask teacher's masks) for region-wise means
             if self.vfm_cfg.region_wise and self.vfm_cfg.lambda_mean > 0:
-                from .teachers.maps import constant_regions
+                from ..teachers.maps import constant_regions
 
                 region_ids = constant_regions(teacher, tuple(pred.shape[1:3])).to(pred.device)
             loss, p = vfm_loss(pred, z, w, step, self.vfm_cfg, regions=region_ids)
@@ -279,7 +279,7 @@ class SemanticObjective(torch.nn.Module):
                  subset: Optional[Tensor] = None, colors: Optional[Tensor] = None) -> Tensor:
         """``lambda_con * LIC`` on the decoded unit features of the Gaussians (``subset``: indices to use; ``colors``
         [N, 3]: the Gaussians' colours, read by LIC's appearance positives when its graph is rebuilt, so a caller may
-        pass None on the other steps, :meth:`rh3dgs.lic.LICLoss.needs_refresh`).
+        pass None on the other steps, :meth:`rh3dgs.method.lic.LICLoss.needs_refresh`).
 
         LIC only compares features by cosines and spherical means, so it runs on the decoded features' coordinates
         in the decoder's column space, ``f @ R.T`` (:func:`rh3dgs.field.decoder_factor`), which it normalises row by
@@ -291,12 +291,3 @@ class SemanticObjective(torch.nn.Module):
         c = colors if colors is None or subset is None else colors[subset]
         feats = f @ decoder_factor(decoder).T
         return self.cfg.lambda_con * self.lic(feats, step, means=m.detach(), colors=c)
-
-
-def initial_field(gaussians, cameras, teacher_maps, latent_dim: int, lift_cfg=None, progress: bool = False):
-    """Latents [N, d], decoder [D, d] and the lift's result, from the training-free lift (the start of training)."""
-    from .lifting import LiftConfig, lift
-
-    cfg = replace(lift_cfg or LiftConfig(), latent_dim=latent_dim)
-    res = lift(gaussians, cameras, teacher_maps, cfg, progress=progress)
-    return res.latents, res.decoder, res

@@ -1,4 +1,4 @@
-"""rh3dgs.vfm: Riemannian Huber pixel loss, Frechet-mean loss, delta schedule."""
+"""rh3dgs.method.vfm: Riemannian Huber pixel loss, Frechet-mean loss, delta schedule."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rh3dgs.errors import ConfigError, ShapeError
-from rh3dgs.vfm import VFMConfig, delta_at, mean_loss, pixel_loss, vfm_loss
+from rh3dgs.method.vfm import VFMConfig, delta_at, mean_loss, pixel_loss, vfm_loss
 
 F64 = torch.float64
 
@@ -106,7 +106,7 @@ def test_region_wise_segments():
     assert parts["mu_s"].shape == (2, 5) and parts["segment_view"].tolist() == [0, 0]
     # segment 0 = region 0 (untouched), segment 1 = region 5 (rotated)
     mu_t5 = torch.nn.functional.normalize(t[regions == 5], dim=-1)
-    from rh3dgs.sphere import robust_frechet_mean
+    from rh3dgs.method.sphere import robust_frechet_mean
 
     ref5, _ = robust_frechet_mean(mu_t5, delta=0.5, max_iters=200, tol=1e-12)
     assert torch.allclose(parts["mu_t"][1], ref5[0], atol=1e-9)

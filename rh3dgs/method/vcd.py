@@ -44,7 +44,7 @@ from typing import Dict, Optional, Tuple, Union
 import torch
 import torch.nn.functional as F
 
-from .errors import ConfigError, NonFiniteError, ShapeError
+from ..errors import ConfigError, NonFiniteError, ShapeError
 
 __all__ = ["VCDConfig", "reliability_weights", "pixel_weights", "teacher_footprint", "footprint_purity", "render_depth_stats"]
 
@@ -365,7 +365,7 @@ def pixel_weights(alpha: Tensor, depth_m1: Tensor, depth_m2: Tensor, teacher: Op
 
     A pixel counts when the render covers it (``A >= min_coverage``) and the teacher gives it a
     feature (``|z| > 0.5``; ``teacher`` [B, H, W, D] at the render's resolution, or None = every pixel).
-    ``use_vcd``: VCD reliability ``w_bar`` on those pixels (:func:`rh3dgs.vcd.reliability_weights`,
+    ``use_vcd``: VCD reliability ``w_bar`` on those pixels (:func:`rh3dgs.method.vcd.reliability_weights`,
     feature edges from ``teacher`` if ``vcd.edge_features``); else 1 on them. ``footprint``: the
     teacher's footprint in pixels (:func:`teacher_footprint`; overrides ``vcd.footprint``) for the footprint-purity
     term and ``vcd.mixing_coarse_only``; the lift and the objective pass it, read off the teacher maps' resolution.

@@ -1,4 +1,4 @@
-"""Frames of a scene (rh3dgs.io.frames): similarity maps, nerfstudio's normalisation, PLY frame detection.
+"""Frames of a scene (rh3dgs.io.coordinate_frames): similarity maps, nerfstudio's normalisation, PLY frame detection.
 
 The reference for nerfstudio's frame is nerfstudio's own ``nerfstudio-data`` parser: the map
 ``applied_transform @ (s T)^-1`` built from the ``dataparser_transforms.json`` it writes takes the
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from rh3dgs.data.synthetic import SceneConfig, make_scene, write_dataset
-from rh3dgs.io.frames import (FrameError, Similarity, frame_fit, nerfstudio_to_data, read_dataparser_transforms,
+from rh3dgs.io.coordinate_frames import (FrameError, Similarity, frame_fit, nerfstudio_to_data, read_dataparser_transforms,
                               to_data_frame, transform_c2w, transform_gaussians)
 from rh3dgs.io.ply import save_ply
 from rh3dgs.rendering import render

@@ -1,7 +1,7 @@
-"""rh3dgs.fill: the bilateral neighbour vote that gives unobserved Gaussians a feature."""
+"""rh3dgs.lifting.fill: the bilateral neighbour vote that gives unobserved Gaussians a feature."""
 import torch
 
-from rh3dgs.fill import fill_from_neighbours
+from rh3dgs.lifting.fill import fill_from_neighbours
 
 
 def _explicit(means, colors, feats, observed, sigma_c, radius, conf):

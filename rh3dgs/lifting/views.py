@@ -5,7 +5,7 @@
 aggregation op (``aggregate_sphere``) over every view and returns the per-Gaussian sums, whatever
 the views cost to produce. The first pass renders each chunk of views (projection + render
 statistics), prepares its teacher maps (:func:`rh3dgs.teachers.maps.prepare_map`) and its pixel
-weights (:func:`rh3dgs.vcd.pixel_weights`); later passes re-use what the :func:`cache_plan`
+weights (:func:`rh3dgs.method.vcd.pixel_weights`); later passes re-use what the :func:`cache_plan`
 allows to keep (budget ``CACHE_BYTES``, ~2 GB):
 
 * **full** - every view's projection, weights and maps (when they fit). Where the ops layer has a
@@ -24,24 +24,25 @@ allows to keep (budget ``CACHE_BYTES``, ~2 GB):
 * **none** - everything recomputed every pass.
 
 Memory is O(N D + views_per_batch H W D) besides the caches; nothing is O(N x views).
-:func:`rh3dgs.lift_memory.lift_memory_estimate` predicts the plan with the same :func:`cache_plan`.
+:func:`rh3dgs.lifting.preflight.lift_memory_estimate` predicts the plan with the same :func:`cache_plan`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from .cameras import Cameras
-from .gaussians import Gaussians
-from .ops import Contributions, aggregate_sphere, aggregate_sphere_replay
-from .ops._backend import has_native_kernel
-from .progress import track
-from .rendering import Projection, render
-from .teachers.maps import TeacherMaps, get_map, guided_upsample, map_dim, prepare_map, region_fraction
-from .vcd import pixel_weights, teacher_footprint
+from ..cameras import Cameras
+from ..gaussians import Gaussians
+from ..method.vcd import pixel_weights, teacher_footprint
+from ..ops import Contributions, aggregate_sphere, aggregate_sphere_replay
+from ..ops._backend import has_native_kernel
+from ..progress import track
+from ..rendering import Projection, render
+from ..teachers.maps import TeacherMaps, get_map, guided_upsample, map_dim, prepare_map, region_fraction
+from .config import LiftConfig
 
 __all__ = ["LiftViews", "CachePlan", "cache_plan", "CACHE_BYTES"]
 
@@ -60,11 +61,11 @@ class CachePlan:
     record: bool
 
 
-def cache_plan(n: int, views: int, height: int, width: int, dim: int, cfg: Any,
+def cache_plan(n: int, views: int, height: int, width: int, dim: int, cfg: LiftConfig,
                device: torch.device = torch.device("cpu")) -> CachePlan:
     """The plan of a lift of ``n`` Gaussians over ``views`` views of ``height`` x ``width`` and teacher dim ``dim``.
 
-    ``cfg`` is the :class:`rh3dgs.lifting.LiftConfig` (its ``views_per_batch``, ``max_batch_gaussians``,
+    ``cfg`` is the :class:`rh3dgs.lifting.config.LiftConfig` (its ``views_per_batch``, ``max_batch_gaussians``,
     ``cache_projections``, ``compact_cache``, ``record_contributions``, ``method`` and ``iters``):
     views per batch lowered so that views x Gaussians <= ``max_batch_gaussians``; full cache when
     ``cache_projections`` (None: when ~40 B per (view, Gaussian) + the upsampled maps and weights fit the
@@ -169,7 +170,7 @@ class LiftViews:
         gaussians, cameras, teacher_maps: as :func:`rh3dgs.lifting.lift`; cfg: its ``LiftConfig``.
     """
 
-    def __init__(self, gaussians: Gaussians, cameras: Cameras, teacher_maps: TeacherMaps, cfg: Any):
+    def __init__(self, gaussians: Gaussians, cameras: Cameras, teacher_maps: TeacherMaps, cfg: LiftConfig):
         self.gaussians, self.cameras, self.teacher_maps, self.cfg = gaussians, cameras, teacher_maps, cfg
         self.N, B = len(gaussians), len(cameras)
         self.H, self.W = int(cameras.height), int(cameras.width)

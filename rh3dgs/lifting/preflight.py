@@ -1,7 +1,7 @@
 """The lift's memory model, and the preflight that refuses a lift before it allocates.
 
 :func:`lift_memory_estimate` predicts a lift's peak working memory with the lift's own cache rules
-(:func:`rh3dgs.lift_views.cache_plan`); :func:`preflight_lift` checks it against
+(:func:`rh3dgs.lifting.views.cache_plan`); :func:`preflight_lift` checks it against
 :func:`rh3dgs.memory.memory_budget` and, over budget, raises :class:`rh3dgs.errors.MemoryLimitError`
 naming the settings that would fit (``--streaming``, ``--views-per-batch``, ``--downscale``).
 
@@ -29,7 +29,7 @@ Training-free lift (float32 unless noted), N Gaussians, V views of H x W, teache
   first when the budget is short): measured K ~ 0.1 N, ~3.5 MB per view at 1M random Gaussians,
   64x64, D = 64. The preflight counts the bound V * (N * 36 + H * W * (D + 1) * 4), at most 2 GB.
 
-Which cache a lift uses follows its own rules (:func:`rh3dgs.lift_views.cache_plan`, from ``LiftConfig``'s
+Which cache a lift uses follows its own rules (:func:`rh3dgs.lifting.views.cache_plan`, from ``LiftConfig``'s
 ``cache_projections``, ``compact_cache``, ``record_contributions``, ``method`` / ``iters``);
 ``tests/test_memory.py`` runs lifts and checks that the estimate predicts the cache they chose.
 
@@ -39,25 +39,23 @@ and only the O(N D) per-Gaussian state and the bounded caches survive a batch. M
 at 1M Gaussians x 300 views x 64x64 (``benchmarks/bench_scale.py``, docs/profiling.md):
 see benchmarks/results/scale.md.
 
->>> from rh3dgs.lift_memory import lift_memory_estimate
+>>> from rh3dgs.lifting.preflight import lift_memory_estimate
 >>> est = lift_memory_estimate(100_000, 200, 256, 256, 64)
 >>> est.cache, est.peak_bytes > 2e9
 ('compact', True)
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, List, Optional
 
-from .errors import MemoryLimitError
-from .lift_views import CACHE_BYTES, cache_plan
-from .lifting import LiftConfig
-from .memory import format_bytes, memory_budget, over_budget_message
+from ..errors import MemoryLimitError
+from ..memory import format_bytes, memory_budget, over_budget_message
+from .config import LiftConfig
+from .views import CACHE_BYTES, cache_plan
 
 __all__ = ["MemoryEstimate", "lift_memory_estimate", "preflight_lift"]
 
-_CACHE_BYTES = CACHE_BYTES
-_DEFAULTS = LiftConfig()
 _CONTRIBUTIONS_PER_PIXEL = 20  # assumed for the recorded contributions (17 measured on dense surfaces)
 
 
@@ -93,35 +91,19 @@ class MemoryEstimate:
         gb = 1024 ** 3
         if self.cache == "none" and not self.full_cache:
             return (f"memory estimate: {self.streaming_bytes / gb:.2f} GiB streaming, nothing cached across passes "
-                    f"(see rh3dgs.lift_memory)")
+                    f"(see rh3dgs.lifting.preflight)")
         if self.full_cache:
             return (f"memory estimate: {self.cached_bytes / gb:.2f} GiB with projections and maps cached across "
-                    f"passes ({self.streaming_bytes / gb:.2f} GiB streaming; see rh3dgs.lift_memory)")
+                    f"passes ({self.streaming_bytes / gb:.2f} GiB streaming; see rh3dgs.lifting.preflight)")
         return (f"memory estimate: {self.streaming_bytes / gb:.2f} GiB streaming + at most "
                 f"{self.compact_bytes / gb:.2f} GiB compact cache across passes (per view the Gaussians that "
                 f"reach a reliable pixel); caching everything would take {self.cached_bytes / gb:.2f} GiB "
-                f"(see rh3dgs.lift_memory)")
-
-
-def _opt(cfg: Any, name: str) -> Any:
-    """``cfg.name``, or ``LiftConfig``'s default when ``cfg`` is None or lacks it."""
-    return getattr(cfg, name, getattr(_DEFAULTS, name)) if cfg is not None else getattr(_DEFAULTS, name)
-
-
-class _Overrides:
-    """``cfg`` (any object with some of ``defaults``' fields) with some attributes replaced."""
-
-    def __init__(self, cfg: Any, defaults: Any, **over: Any):
-        self._cfg, self._defaults, self._over = cfg, defaults, over
-
-    def __getattr__(self, name: str) -> Any:
-        if name in self._over:
-            return self._over[name]
-        return getattr(self._cfg, name, getattr(self._defaults, name))
+                f"(see rh3dgs.lifting.preflight)")
 
 
 def lift_memory_estimate(n: int, views: int, height: int, width: int, dim: int, views_per_batch: Optional[int] = None,
-                         threads: int = 0, max_batch_gaussians: Optional[int] = None, *, cfg: Any = None,
+                         threads: int = 0, max_batch_gaussians: Optional[int] = None, *,
+                         cfg: Optional[LiftConfig] = None,
                          device: str = "cpu") -> MemoryEstimate:
     """:class:`MemoryEstimate` of ``rh3dgs.lifting.lift`` with ``cfg`` (a ``LiftConfig``; None: its defaults).
 
@@ -134,12 +116,13 @@ def lift_memory_estimate(n: int, views: int, height: int, width: int, dim: int, 
     import torch
 
     n, views, height, width, dim = (max(0, int(x)) for x in (n, views, height, width, dim))
-    full_dim, sub = dim, int(_opt(cfg, "subspace") or 0)
+    cfg = cfg if cfg is not None else LiftConfig()
+    full_dim, sub = dim, int(cfg.subspace or 0)
     dim = min(dim, sub) if sub else dim  # the passes see the maps in the teacher's principal subspace
     t = threads or torch.get_num_threads()
-    vpb = int(views_per_batch if views_per_batch is not None else _opt(cfg, "views_per_batch"))
-    mbg = int(max_batch_gaussians if max_batch_gaussians is not None else _opt(cfg, "max_batch_gaussians"))
-    eff = _Overrides(cfg, _DEFAULTS, views_per_batch=vpb, max_batch_gaussians=mbg)
+    eff = replace(cfg, views_per_batch=int(views_per_batch if views_per_batch is not None else cfg.views_per_batch),
+                  max_batch_gaussians=int(max_batch_gaussians if max_batch_gaussians is not None
+                                          else cfg.max_batch_gaussians))
     plan = cache_plan(n, views, height, width, dim, eff, torch.device(device))
     per_batch = plan.views_per_batch
     b = max(1, min(per_batch, views))
@@ -157,9 +140,9 @@ def lift_memory_estimate(n: int, views: int, height: int, width: int, dim: int, 
     }
     streaming = sum(detail.values())
     detail["batch_views"] = b
-    recorded = int(min(_CACHE_BYTES / 2, views * hw * _CONTRIBUTIONS_PER_PIXEL * 13))
+    recorded = int(min(CACHE_BYTES / 2, views * hw * _CONTRIBUTIONS_PER_PIXEL * 13))
     cached = streaming + views * (n * 56 + hw * (dim + 1) * 4) + recorded
-    compact = int(min(_CACHE_BYTES, views * (n * 36 + hw * (dim + 1) * 4)))
+    compact = int(min(CACHE_BYTES, views * (n * 36 + hw * (dim + 1) * 4)))
     full, record = plan.cache == "full", plan.record
     if full and not record:
         cached -= recorded
@@ -180,7 +163,8 @@ def _detail_text(est: MemoryEstimate) -> str:
     return ", ".join(parts)
 
 
-def preflight_lift(n: int, views: int, height: int, width: int, dim: int, cfg: Any = None, *, threads: int = 0,
+def preflight_lift(n: int, views: int, height: int, width: int, dim: int, cfg: Optional[LiftConfig] = None, *,
+                   threads: int = 0,
                    device: str = "cpu", what: str = "lift") -> MemoryEstimate:
     """Check a lift against :func:`memory_budget` before it starts; returns its :class:`MemoryEstimate`.
 
@@ -189,13 +173,14 @@ def preflight_lift(n: int, views: int, height: int, width: int, dim: int, cfg: A
     compact_cache=False)``), ``--views-per-batch k`` (the largest k that fits) and
     ``--downscale f`` (the smallest image downscale that fits with one view per batch, streaming).
     """
+    cfg = cfg if cfg is not None else LiftConfig()
     est = lift_memory_estimate(n, views, height, width, dim, cfg=cfg, threads=threads, device=device)
     budget, source = memory_budget()
     if est.peak_bytes <= budget:
         return est
     def peak(h: int, w: int, **over: Any) -> int:
-        c = _Overrides(cfg, _DEFAULTS, **over)
-        return lift_memory_estimate(n, views, h, w, dim, cfg=c, threads=threads, device=device).peak_bytes
+        return lift_memory_estimate(n, views, h, w, dim, cfg=replace(cfg, **over), threads=threads,
+                                    device=device).peak_bytes
 
     stream = {"cache_projections": False, "compact_cache": False}
     knobs: List[str] = []

@@ -1,4 +1,4 @@
-"""``SplatfactoCPUModel``: nerfstudio 1.1.5's splatfacto, runnable on a CPU, on rh3dgs's rasterizer.
+"""``SplatfactoNativeModel``: nerfstudio 1.1.5's splatfacto, runnable on a CPU, on rh3dgs's rasterizer.
 
 nerfstudio's :class:`~nerfstudio.models.splatfacto.SplatfactoModel` cannot run without CUDA, and
 not only because of its rasterizer. This class re-does exactly the methods that stop it, with
@@ -68,7 +68,7 @@ from ..errors import ConfigError, NonFiniteError
 from ..gaussians import Gaussians
 from ..rendering import RenderResult, render
 
-__all__ = ["SplatfactoCPUModelConfig", "SplatfactoCPUModel", "ViewRender", "viewmat_from_c2w",
+__all__ = ["SplatfactoNativeModelConfig", "SplatfactoNativeModel", "ViewRender", "viewmat_from_c2w",
            "alexnet_weights_available", "NoLPIPS"]
 
 LPIPS_ALEXNET_FILE = "alexnet-owt-7be5be79.pth"
@@ -107,7 +107,7 @@ def alexnet_weights_available() -> bool:
 
 @dataclass
 class ViewRender:
-    """One camera rendered by :meth:`SplatfactoCPUModel.render_camera` (read by ``view_outputs``).
+    """One camera rendered by :meth:`SplatfactoNativeModel.render_camera` (read by ``view_outputs``).
 
     camera: the nerfstudio camera; cameras: it as :class:`rh3dgs.Cameras` at the render size
     (``height`` x ``width``, after splatfacto's training downscale); gaussians: what was rendered
@@ -124,10 +124,10 @@ class ViewRender:
 
 
 @dataclass
-class SplatfactoCPUModelConfig(SplatfactoModelConfig):
-    """Splatfacto on rh3dgs's rasterizer, on CPU or CUDA (see :mod:`rh3dgs.nerfstudio.splatfacto_cpu`)."""
+class SplatfactoNativeModelConfig(SplatfactoModelConfig):
+    """Splatfacto on rh3dgs's rasterizer, on CPU or CUDA (see :mod:`rh3dgs.nerfstudio.splatfacto_native`)."""
 
-    _target: Type = field(default_factory=lambda: SplatfactoCPUModel)
+    _target: Type = field(default_factory=lambda: SplatfactoNativeModel)
     use_absgrad: bool = False
     """The rh3dgs rasterization path provides the plain means2d gradient (no absgrad)."""
     densify_grad_thresh: float = 0.0002
@@ -146,10 +146,10 @@ class SplatfactoCPUModelConfig(SplatfactoModelConfig):
     """Every this many steps, stop training if a parameter holds NaN / Inf (0 = never)."""
 
 
-class SplatfactoCPUModel(SplatfactoModel):
+class SplatfactoNativeModel(SplatfactoModel):
     """nerfstudio's splatfacto on rh3dgs's rasterizer (see module docstring)."""
 
-    config: SplatfactoCPUModelConfig
+    config: SplatfactoNativeModelConfig
 
     # ------------------------------------------------------------------ splatfacto's methods, in its order
     def populate_modules(self):

@@ -1,4 +1,4 @@
-"""rh3dgs.objective: the teacher-resolution comparison (an exact forward model scores 0), the switches, LIC."""
+"""rh3dgs.method.objective: the teacher-resolution comparison (an exact forward model scores 0), the switches, LIC."""
 import math
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from rh3dgs.errors import ConfigError
-from rh3dgs.objective import ObjectiveConfig, SemanticObjective, teacher_grid
+from rh3dgs.method.objective import ObjectiveConfig, SemanticObjective, teacher_grid
 
 
 def _render_like(B=2, H=16, W=16, d=4, seed=0):
@@ -92,7 +92,7 @@ def test_contrast_on_after_start_and_zero_before():
 def test_contrast_in_decoder_coordinates_equals_lic_on_the_decoded_features(form):
     """``contrast`` runs LIC on ``f @ R.T`` (the decoder's QR factor) at any row scale; the same value and
     latent gradients as LIC on the unit decoded features ``normalize(f @ decoder.T)`` in D dimensions."""
-    from rh3dgs.lic import LICConfig, LICLoss
+    from rh3dgs.method.lic import LICConfig, LICLoss
 
     g = torch.Generator().manual_seed(3)
     N, d, D = 400, 4, 16
@@ -143,7 +143,7 @@ def test_ray_spread_is_the_weighted_spread_of_the_composited_gaussians():
     """ray_spread from the render of unit latents and A = the explicit sum_i w_i |f_i - F / A|^2 over each pixel's
     compositing weights (enumerated from the fixed views' sparse weight matrices)."""
     from _scenes import random_lift_scene
-    from rh3dgs.objective import ray_spread
+    from rh3dgs.method.objective import ray_spread
     from rh3dgs.rendering import fixed_views
 
     gs, cams, _ = random_lift_scene(n=200, views=2, size=24)

@@ -1,4 +1,4 @@
-"""rh3dgs.sphere: distances, Huber, robust Frechet means (checked against brute force)."""
+"""rh3dgs.method.sphere: distances, Huber, robust Frechet means (checked against brute force)."""
 from __future__ import annotations
 
 import math
@@ -9,7 +9,7 @@ import torch
 from scipy.optimize import minimize
 
 from rh3dgs.errors import ConfigError, NonFiniteError, ShapeError
-from rh3dgs.sphere import (
+from rh3dgs.method.sphere import (
     FrechetMeanConfig,
     geodesic_distance,
     huber,

@@ -29,7 +29,7 @@ with warnings.catch_warnings():  # geoopt uses torch.jit.script, deprecated in r
     warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*", category=FutureWarning)
     import geoopt
 
-from .errors import ConfigError, NonFiniteError, ShapeError
+from ..errors import ConfigError, NonFiniteError, ShapeError
 
 __all__ = [
     "FrechetMeanConfig",

@@ -1,4 +1,4 @@
-"""rh3dgs.nerfstudio.splatfacto_cpu: splatfacto on rh3dgs's rasterizer, and ``semantics=False`` building exactly it.
+"""rh3dgs.nerfstudio.splatfacto_native: splatfacto on rh3dgs's rasterizer, and ``semantics=False`` building exactly it.
 
 Models are built directly from their configs on a small random seed cloud (no dataset): the base
 class against splatfacto's own camera maths and against :func:`rh3dgs.rendering.render`, and the
@@ -16,9 +16,9 @@ from nerfstudio.cameras.cameras import Cameras as NSCameras  # noqa: E402
 from nerfstudio.data.scene_box import SceneBox  # noqa: E402
 
 from rh3dgs.nerfstudio.model import Rh3dgsModel, Rh3dgsModelConfig  # noqa: E402
-from rh3dgs.nerfstudio.splatfacto_cpu import (  # noqa: E402
-    SplatfactoCPUModel,
-    SplatfactoCPUModelConfig,
+from rh3dgs.nerfstudio.splatfacto_native import (  # noqa: E402
+    SplatfactoNativeModel,
+    SplatfactoNativeModelConfig,
     viewmat_from_c2w,
 )
 
@@ -59,9 +59,9 @@ def test_viewmat_is_splatfactos_get_viewmat_without_compile():
 def test_semantics_false_builds_exactly_the_base_class():
     base = _build(Rh3dgsModelConfig(semantics=False))
     sem = _build(Rh3dgsModelConfig())
-    plain = _build(SplatfactoCPUModelConfig())
-    assert type(base) is SplatfactoCPUModel and type(plain) is SplatfactoCPUModel
-    assert type(sem) is Rh3dgsModel and isinstance(sem, SplatfactoCPUModel)
+    plain = _build(SplatfactoNativeModelConfig())
+    assert type(base) is SplatfactoNativeModel and type(plain) is SplatfactoNativeModel
+    assert type(sem) is Rh3dgsModel and isinstance(sem, SplatfactoNativeModel)
     # splatfacto's parameter groups; the semantic model adds exactly latents, decoder and the objective's
     # background latent
     assert set(base.get_param_groups()) == set(plain.get_param_groups()) == SPLATFACTO_GROUPS
@@ -79,7 +79,7 @@ def test_base_outputs_are_one_rh3dgs_render():
     from rh3dgs.cameras import Cameras
     from rh3dgs.rendering import render
 
-    m = _build(SplatfactoCPUModelConfig(sh_degree=1))
+    m = _build(SplatfactoNativeModelConfig(sh_degree=1))
     m.eval()
     cam = _camera()
     out = m.get_outputs_for_camera(cam)
@@ -97,7 +97,7 @@ def test_base_outputs_are_one_rh3dgs_render():
 
 
 def test_semantic_model_renders_the_same_rgb_plus_latents():
-    base = _build(SplatfactoCPUModelConfig())
+    base = _build(SplatfactoNativeModelConfig())
     sem = _build(Rh3dgsModelConfig(latent_dim=4))
     with torch.no_grad():
         for k, p in base.gauss_params.items():
