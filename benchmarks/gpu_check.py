@@ -222,7 +222,7 @@ def splat_camera(g, width: int, height: int, up=(0.0, 0.0, 1.0)):
 def _offline_lpips() -> bool:
     """splatfacto builds LPIPS (torchvision's AlexNet weights, downloaded) in its constructor: offline, rh3dgs's NaN
     stand-in instead. Returns whether the stand-in is used."""
-    from rh3dgs.nerfstudio.splatfacto_cpu import NoLPIPS, alexnet_weights_available
+    from rh3dgs.nerfstudio.splatfacto_native import NoLPIPS, alexnet_weights_available
 
     if alexnet_weights_available():
         return False

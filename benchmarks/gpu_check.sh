@@ -31,7 +31,8 @@
 # The bundle: the wheels of benchmarks/gpu_check_wheels.txt (what the tests and ns-train import beyond a CUDA
 # image's python3: nerfstudio and gsplat without their dependency trees, tyro, viser...; no torch) and a copy of the
 # real splats that load without conversion (shared/realdata/splats/*.ply, never committed); carry it with the
-# checkout (git-ignored, a few tens of MB).
+# checkout (git-ignored, a few tens of MB): --prepare where there is network, copy the checkout with .gpu_check to
+# the GPU machine, run the script there, bring back benchmarks/results/gpu_check (gpu_check.md, .json, log.txt).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -43,7 +44,7 @@ while [ $# -gt 0 ]; do
     --prepare) MODE=prepare ;;
     --steps) STEPS="$2"; shift ;;
     --steps=*) STEPS="${1#--steps=}" ;;
-    -h | --help) sed -n '2,37s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,35s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument '$1' (--dry-run, --prepare, --steps a,b; --help)" >&2; exit 2 ;;
   esac
   shift
@@ -51,10 +52,11 @@ done
 OUT="${OUT_DIR:-benchmarks/results/gpu_check}"
 BUNDLE="${RH3DGS_GPU_BUNDLE:-.gpu_check}"
 WHEELS=benchmarks/gpu_check_wheels.txt
-CUDA_OPS="rasterize_fwd rasterize_bwd aggregate_sphere lic_infonce_fwd lic_infonce_bwd"
+# the ops with a CUDA kernel: those csrc/cuda registers (tests/test_cuda_build.py pins the list)
+CUDA_OPS=$(grep -oh 'm\.impl("[a-z_0-9]*"' csrc/cuda/*.cu | sed -e 's/m\.impl("//' -e 's/"//' | tr '\n' ' ')
 TEST_FILES="tests/test_ops_rasterize.py tests/test_ops_aggregate.py tests/test_ops_lic.py tests/test_ops_relevancy.py
 tests/test_ops_binning.py tests/test_ops_projection.py tests/test_ops_sh.py tests/test_ops_guided.py
-tests/test_ops_gsplat.py tests/test_rendering.py tests/test_lift.py tests/test_nerfstudio.py"
+tests/test_ops_gsplat.py tests/test_rendering.py tests/test_lifting.py tests/test_nerfstudio.py"
 T0=$(date +%s)
 PROBLEMS=0
 say() { echo "=== [$(( $(date +%s) - T0 )) s] $*"; }
