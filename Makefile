@@ -28,7 +28,7 @@ $(DEPS_STAMP): requirements.txt
 	$(PY) -m pip install -r requirements.txt
 	@touch $@
 
-$(EXT_STAMP): $(DEPS_STAMP) setup.py $(NATIVE_SRC)
+$(EXT_STAMP): $(DEPS_STAMP) setup.py scripts/cuda_toolchain.py $(NATIVE_SRC)
 	@PYTHON=$(PY) $(SETUP) cuda
 	MAX_JOBS=2 $(PY) -m pip install --no-build-isolation --no-deps -e .
 	@touch $@
