@@ -107,20 +107,35 @@ def test_lift_in_a_process_group_equals_one_process(data, tmp_path):
     assert torch.equal(parts[0]["latents"], parts[1]["latents"])  # every rank the same field
 
 
-def test_torchrun_distill_replays_the_single_process_order(data, tmp_path):
+def _distill_args(data: Path) -> list:
+    return ["distill", str(data / "scene.ply"), "--data", str(data), "--steps", "8", "--views-per-step", "3",
+            "--view-order", *ORDER]
+
+
+@pytest.fixture(scope="module")
+def one_distill(data, tmp_path_factory):
+    """``rh3dgs distill --view-order ...`` in one process: the scene the distributed runs must write."""
+    import rh3dgs
+
+    out = tmp_path_factory.mktemp("one") / "scene"
+    assert main([*_distill_args(data), "--output", str(out)]) == 0
+    return rh3dgs.load(out).field
+
+
+def _same_distill(one, two) -> None:
+    _same_field(one, two, masks=("valid",))
+    assert float((one.latents - two.latents).abs().max()) < DISTILL_LATENTS
+
+
+def test_torchrun_distill_replays_the_single_process_order(data, one_distill, tmp_path):
     """``torchrun --nproc_per_node 2 -m rh3dgs.cli distill --view-order ...`` (the distributed lift, then the
     distillation with the views sharded) writes the scene ``rh3dgs distill`` writes in one process."""
     import rh3dgs
 
-    args = ["distill", str(data / "scene.ply"), "--data", str(data), "--steps", "8", "--views-per-step", "3",
-            "--view-order", *ORDER]
-    assert main([*args, "--output", str(tmp_path / "one")]) == 0
-    r = _run(_torchrun("--standalone", "--nproc_per_node", "2", "-m", "rh3dgs.cli", *args, "--output",
+    r = _run(_torchrun("--standalone", "--nproc_per_node", "2", "-m", "rh3dgs.cli", *_distill_args(data), "--output",
                        str(tmp_path / "two")), tmp_path)
     _check_shares(r.stdout)
-    one, two = rh3dgs.load(tmp_path / "one"), rh3dgs.load(tmp_path / "two")
-    _same_field(one.field, two.field, masks=("valid",))
-    assert float((one.field.latents - two.field.latents).abs().max()) < DISTILL_LATENTS
+    _same_distill(one_distill, rh3dgs.load(tmp_path / "two").field)
 
 
 def _free_port() -> int:
@@ -129,12 +144,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_nodes_on_one_machine(data, tmp_path):
-    """``--nnodes 2``: two torchrun launches meeting at a c10d rendezvous on 127.0.0.1, one process each."""
+def test_two_nodes_on_one_machine(data, one_distill, tmp_path):
+    """``--nnodes 2``: two torchrun launches meeting at a c10d rendezvous on 127.0.0.1, one process each, run the
+    distributed lift and distillation of ``rh3dgs distill``: the single process's scene again."""
     import rh3dgs
 
-    args = ["lift", str(data / "scene.ply"), "--data", str(data)]
-    assert main([*args, "--output", str(tmp_path / "one")]) == 0
+    args = _distill_args(data)
     port = _free_port()
     launches = [subprocess.Popen(_torchrun("--nnodes", "2", "--node_rank", str(i), "--nproc_per_node", "1",
                                            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
@@ -146,7 +161,7 @@ def test_two_nodes_on_one_machine(data, tmp_path):
     for p, (out, err) in zip(launches, outs):
         assert p.returncode == 0, (out[-2000:], err[-4000:])
     _check_shares("".join(out for out, _ in outs))
-    _same_field(rh3dgs.load(tmp_path / "one").field, rh3dgs.load(tmp_path / "two").field)
+    _same_distill(one_distill, rh3dgs.load(tmp_path / "two").field)
 
 
 def _workers(agent: int) -> dict:
