@@ -71,6 +71,8 @@ PathLike = Union[str, os.PathLike]
 SUPPORTED_CAMERA_MODELS = ("PINHOLE", "SIMPLE_PINHOLE", "OPENCV", "SIMPLE_RADIAL", "RADIAL")
 _DISTORTION_KEYS = ("k1", "k2", "k3", "k4", "p1", "p2")
 _MAX_LISTED = 5
+SKIP_MISSING_HINT = "--skip-missing-images (load_transforms(skip_missing_images=True))"
+"""How the missing-image error names the option that leaves those frames out (the rh3dgs commands')."""
 
 
 def _is_number(v: Any) -> bool:
@@ -315,10 +317,11 @@ def load_posed_images(path_or_dir: PathLike, check_images: bool = True, require_
                       downscale: int = 1, skip_missing_images: bool = False, undistort: bool = True,
                       image_cache: Optional[PathLike] = None, progress: bool = True,
                       preflight: Optional[Callable[[int, int, int], None]] = None,
-                      lazy: bool = False) -> PosedImages:
+                      lazy: bool = False, missing_hint: str = SKIP_MISSING_HINT) -> PosedImages:
     """:func:`load_transforms` (same arguments) as a :class:`PosedImages`: also the frame index and the
     source file of every camera. ``lazy=True``: the images are undistorted / downscaled into the cache
     one at a time, on first access to ``images[j]`` (and then reused), not all before returning.
+    ``missing_hint``: how the missing-image error names the option that leaves those frames out.
 
     The steps, in order::
 
@@ -341,7 +344,7 @@ def load_posed_images(path_or_dir: PathLike, check_images: bool = True, require_
     sources, factor = _scaled_sources(path.parent, frames.images, downscale)
     keep = list(range(len(sources)))
     if require_images:
-        keep = _present_frames(path, sources, skip_missing_images)
+        keep = _present_frames(path, sources, skip_missing_images, missing_hint)
         if check_images:
             w, h = frames.size
             size = (w, h) if factor > 1 else (max(1, w // downscale), max(1, h // downscale))
@@ -493,12 +496,12 @@ def _scaled_sources(root: Path, images: List[Path], downscale: int) -> Tuple[Lis
     return images, downscale
 
 
-def _present_frames(path: Path, sources: List[Path], skip_missing_images: bool) -> List[int]:
+def _present_frames(path: Path, sources: List[Path], skip_missing_images: bool, hint: str) -> List[int]:
     """Indices of the frames whose image exists; missing ones raise, or are left out with a warning."""
     exists = {ip: ip.is_file() for ip in set(sources)}
     missing = [i for i, ip in enumerate(sources) if not exists[ip]]
     if missing:
-        _missing_images(path, sources, missing, skip_missing_images)
+        _missing_images(path, sources, missing, skip_missing_images, hint)
     gone = set(missing)
     return [i for i in range(len(sources)) if i not in gone]
 
@@ -576,14 +579,14 @@ def _cameras(path: Path, c2w_all: np.ndarray, keep: List[int], Ks: np.ndarray, s
     return Cameras(viewmats=viewmats, Ks=Kt, width=size[0], height=size[1], names=names)
 
 
-def _missing_images(path: Path, image_paths: Sequence[Path], missing: Sequence[int], skip: bool) -> None:
+def _missing_images(path: Path, image_paths: Sequence[Path], missing: Sequence[int], skip: bool,
+                    hint: str = "") -> None:
     """One message for every frame whose image is missing: raise, or (``skip``) warn once."""
     listed = ", ".join(str(image_paths[i]) for i in missing[:_MAX_LISTED])
     more = f" and {len(missing) - _MAX_LISTED} more" if len(missing) > _MAX_LISTED else ""
     n, total = len(missing), len(image_paths)
     if not skip or n == total:
-        hint = (f"; to use the {total - n} frames whose images exist, pass --skip-missing-images "
-                "(load_transforms(skip_missing_images=True))") if n < total else ""
+        hint = f"; to use the {total - n} frames whose images exist, pass {hint}" if n < total else ""
         raise CameraFormatError(path, f"{n} of {total} images not found: {listed}{more}{hint}",
                                 field=f"frames[{missing[0]}].file_path")
     warnings.warn(f"{path}: skipping {n} of {total} frames whose images are missing: {listed}{more}",

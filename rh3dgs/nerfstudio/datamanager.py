@@ -65,6 +65,9 @@ class Rh3dgsDataManager(FullImageDatamanager[InputDataset]):
     def __init__(self, config: Rh3dgsDataManagerConfig, device: Union[torch.device, str] = "cpu", *args, **kwargs):
         if str(device).startswith("cpu") and config.cache_images == "cpu":
             config.cache_images = "gpu"  # == the device; pin_memory() would need CUDA
+        cache = config.teacher_cache_dir or config.teacher.cache_dir
+        if cache and getattr(config.dataparser, "image_cache_dir", "") is None:  # as the rh3dgs commands' --cache
+            config.dataparser.image_cache_dir = Path(cache) / "images"
         super().__init__(config, device, *args, **kwargs)
         self._teacher_maps: Dict[str, DatasetMaps] = {}
         self._teacher_native: Dict[Tuple[str, int], torch.Tensor] = {}
