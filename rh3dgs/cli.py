@@ -303,6 +303,15 @@ def _dataset_maps(cache_opt: Optional[str], teacher, data: Path, image_paths, di
     return dataset_maps(teacher, image_paths, _cache_dir(cache_opt, data, image_paths), distributed=distributed)
 
 
+def _maps_summary(maps) -> str:
+    """``tiny-clip teacher maps: 0 computed, 50 reused in DIR`` (or read in place)."""
+    if not maps.cached:
+        return f"{maps.teacher.name} teacher maps: {len(maps)} read in place"
+    where = Path(maps.files[0]).parent if len(maps) else ""
+    return (f"{maps.teacher.name} teacher maps: {maps.stats.get('computed', 0)} computed, "
+            f"{maps.stats.get('reused', 0)} reused in {where}")
+
+
 def _load_cameras(opts: ImageOptions, cache: Optional[str], transforms, check_images: bool,
                   require_images: bool = True, preflight=None):
     """load_transforms with the command's ImageOptions (--downscale, --skip-missing-images, --no-undistort);
@@ -423,6 +432,7 @@ class Lift:
         print(preflight_lift(len(gaussians), len(cams), cams.height, cams.width, d_teacher, cfg,
                              device=str(gaussians.device)).summary())
         maps = _dataset_maps(cache, teacher, data, images)
+        print(_maps_summary(maps))
         res = lift(gaussians, cams, maps, cfg)
         table = {}
         if hasattr(teacher, "text_queries"):

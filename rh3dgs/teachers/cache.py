@@ -11,6 +11,13 @@ Layout::
 teacher's feature file digest), so renaming / moving images keeps their entries and
 editing an image recomputes only that image; identical images share one entry.
 
+One keying rule for every entry point: the image is the one the teacher sees, and ``rh3dgs extract``,
+``rh3dgs lift`` and the ``ns-train rh3dgs`` data manager all get it from
+:func:`rh3dgs.io.transforms.load_posed_images` with the same dataset options (downscale, missing images,
+undistortion): the dataset's own file, its ``images_N`` copy, or the undistorted / resized PNG in
+``<cache>/images`` (written once, byte-identical for every reader). So on a distorted, downscaled capture
+the three read and write the same entries: whichever runs first computes, the others reuse.
+
 Every ``.npy`` is written atomically and its sha256 and size are recorded in the
 manifest. An entry is used only when its file exists and matches the recorded
 checksum; anything else (truncated / corrupt file, file without manifest record after
