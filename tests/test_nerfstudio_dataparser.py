@@ -319,3 +319,21 @@ def test_ns_train_input_error_is_one_line_and_leaves_no_run_folder(data, tmp_pat
     assert len(errors) == 1 and "transforms.json [frames[0].file_path]: 1 of 6 images not found" in errors[0], r.stderr
     assert "--skip-missing-images True" in errors[0]
     assert not out.exists(), sorted(out.rglob("*"))
+
+
+def test_automatic_downscale_is_nerfstudios(tmp_path):
+    """nerfstudio_downscale (the data parser's and rh3dgs.load's factor) is nerfstudio 1.1.5's rule: halve while
+    over 1600 px and an images_2^k copy of the first frame exists; never resizing by itself."""
+    from nerfstudio.data.dataparsers.nerfstudio_dataparser import MAX_AUTO_RESOLUTION
+
+    from rh3dgs.io.transforms import NERFSTUDIO_MAX_AUTO_RESOLUTION, nerfstudio_downscale
+
+    assert NERFSTUDIO_MAX_AUTO_RESOLUTION == MAX_AUTO_RESOLUTION
+    eye = [[1.0, 0, 0, 0], [0, 1.0, 0, 0], [0, 0, 1.0, 0], [0, 0, 0, 1.0]]
+    (tmp_path / "transforms.json").write_text(json.dumps(
+        {"fl_x": 3000.0, "w": 4000, "h": 3000, "frames": [{"file_path": "images/a.jpg", "transform_matrix": eye}]}))
+    assert nerfstudio_downscale(tmp_path) == 1  # no images_2: nerfstudio keeps the full size
+    for k in (2, 4):
+        (tmp_path / f"images_{k}").mkdir()
+        (tmp_path / f"images_{k}" / "a.jpg").write_bytes(b"")
+    assert nerfstudio_downscale(tmp_path) == 4 and nerfstudio_downscale(tmp_path, 2) == 2

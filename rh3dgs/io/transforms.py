@@ -64,7 +64,7 @@ from ..errors import CameraFormatError, ConfigError, NonFiniteError, ShapeError
 from .atomic import atomic_save_json
 
 __all__ = ["load_transforms", "load_posed_images", "PosedImages", "save_transforms", "ImageOptions",
-           "SUPPORTED_CAMERA_MODELS"]
+           "nerfstudio_downscale", "SUPPORTED_CAMERA_MODELS"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -577,6 +577,36 @@ def _cameras(path: Path, c2w_all: np.ndarray, keep: List[int], Ks: np.ndarray, s
             raise CameraFormatError(path, f"{name} of frame {i} is out of range (overflows float32 or is "
                                           "numerically singular)", field=f"frames[{i}].{fld}")
     return Cameras(viewmats=viewmats, Ks=Kt, width=size[0], height=size[1], names=names)
+
+
+NERFSTUDIO_MAX_AUTO_RESOLUTION = 1600
+"""nerfstudio 1.1.5's ``MAX_AUTO_RESOLUTION`` (its data parser's automatic downscale)."""
+
+
+def nerfstudio_downscale(path_or_dir: PathLike, downscale_factor: Optional[int] = None) -> int:
+    """The factor ``ns-train``'s data parser uses: ``downscale_factor`` when given, else nerfstudio 1.1.5's
+    automatic one: halve while the image's larger side is over 1600 px and an ``images_2^k`` copy of the
+    first frame exists (never resizing itself). ``rh3dgs``'s data parser and ``rh3dgs.load(config.yml)`` use it,
+    so a run's cameras are at the resolution it trained at.
+
+    >>> nerfstudio_downscale("data/fox"), nerfstudio_downscale("data/fox", 8)     # doctest: +SKIP
+    (1, 8)
+    """
+    path, meta, _ = _read_file(path_or_dir)
+    if downscale_factor is not None:
+        if isinstance(downscale_factor, bool) or not isinstance(downscale_factor, int) or downscale_factor < 1:
+            raise CameraFormatError(path, f"downscale factor must be a whole number >= 1, got {downscale_factor!r}")
+        return downscale_factor
+    f0 = meta["frames"][0] if isinstance(meta["frames"][0], dict) else {}
+    size = [f0.get(k, meta.get(k)) for k in ("w", "h")]
+    if not all(_is_number(v) for v in size):
+        return 1  # the frame's problem is named where its size is read
+    name = Path(str(f0.get("file_path", ""))).name
+    max_res, df = max(size), 0
+    while max_res / 2 ** df > NERFSTUDIO_MAX_AUTO_RESOLUTION and \
+            (path.parent / f"images_{2 ** (df + 1)}" / name).exists():
+        df += 1
+    return 2 ** df
 
 
 def _missing_images(path: Path, image_paths: Sequence[Path], missing: Sequence[int], skip: bool,

@@ -51,13 +51,12 @@ from typing import Any, Dict, List, Optional, Tuple, Type, Union
 import numpy as np
 import torch
 
-from nerfstudio.data.dataparsers.nerfstudio_dataparser import (MAX_AUTO_RESOLUTION, Nerfstudio,
-                                                               NerfstudioDataParserConfig)
+from nerfstudio.data.dataparsers.nerfstudio_dataparser import Nerfstudio, NerfstudioDataParserConfig
 from nerfstudio.utils.rich_utils import CONSOLE
 
 from ..errors import CameraFormatError, PlyFormatError
 from ..io.atomic import atomic_save_json
-from ..io.transforms import PosedImages, load_posed_images
+from ..io.transforms import PosedImages, load_posed_images, nerfstudio_downscale
 
 __all__ = ["Rh3dgsDataParserConfig", "Rh3dgsDataParser", "read_seed_points"]
 
@@ -164,25 +163,11 @@ class Rh3dgsDataParser(Nerfstudio):
         return self._posed, self._derived
 
     def _factor(self, json_path: Path) -> int:
-        """``--downscale-factor``, or nerfstudio 1.1.5's automatic one: halve while the image is over
-        MAX_AUTO_RESOLUTION and an ``images_2^k`` copy of the first frame exists."""
-        if self.config.downscale_factor is not None:
-            factor = self.config.downscale_factor
-            if isinstance(factor, bool) or not isinstance(factor, int) or factor < 1:
-                raise CameraFormatError(json_path, f"--downscale-factor must be a whole number >= 1, got {factor!r}")
-            return factor
-        meta = json.loads(json_path.read_text(encoding="utf-8-sig"))
-        f0 = meta["frames"][0]
-        size = [f0.get(k, meta.get(k)) for k in ("w", "h")]
-        if not all(isinstance(v, (int, float)) for v in size):
-            return 1  # load_posed_images names the missing / bad size
-        name = Path(str(f0.get("file_path", ""))).name
-        max_res, df = max(size), 0
-        while max_res / 2 ** df > MAX_AUTO_RESOLUTION and (json_path.parent / f"images_{2 ** (df + 1)}" / name).exists():
-            df += 1
-        if df:
-            CONSOLE.log(f"Auto image downscale factor of {2 ** df}")
-        return 2 ** df
+        """``--downscale-factor``, or nerfstudio 1.1.5's automatic one (:func:`rh3dgs.io.transforms.nerfstudio_downscale`)."""
+        factor = nerfstudio_downscale(json_path, self.config.downscale_factor)
+        if self.config.downscale_factor is None and factor > 1:
+            CONSOLE.log(f"Auto image downscale factor of {factor}")
+        return factor
 
     def _load_3D_points(self, ply_file_path: Path, transform_matrix: torch.Tensor,
                         scale_factor: float) -> Optional[Dict[str, torch.Tensor]]:
