@@ -755,9 +755,9 @@ def test_real_splats_load(tmp_path, name, n, n_inf):
     src = REALDATA_SPLATS / name
     if not src.is_file():
         pytest.skip(f"real data not present ({src}); see shared/realdata/README.md")
-    if name.endswith(".compressed.ply"):
-        with pytest.raises(PlyFormatError, match="compressed"):
-            load_ply(src)
+    if name.endswith(".compressed.ply"):  # read as it is (gsply: tests/test_io_compressed.py), and as splat-transform
+        direct = load_ply(src)            # decompresses it to the INRIA layout, with +inf for fully opaque splats
+        assert len(direct) == n
         out = tmp_path / name.replace(".compressed", "")
         splat_transform(src, out)
         src = out
@@ -767,3 +767,6 @@ def test_real_splats_load(tmp_path, name, n, n_inf):
         assert int(torch.isinf(g.opacities).sum()) == n_inf and (g.opacities[torch.isinf(g.opacities)] > 0).all()
     finite = torch.isfinite(torch.cat([g.means, g.scales, g.quats, g.sh0.flatten(1), g.shN.flatten(1)], 1))
     assert finite.all()
+    if name.endswith(".compressed.ply"):
+        torch.testing.assert_close(g.means, direct.means, rtol=0, atol=1e-4)
+        torch.testing.assert_close(g.sh0, direct.sh0, rtol=0, atol=1e-4)

@@ -23,6 +23,10 @@ Property order on writing: the standard fields in the order above; ``nx ny nz`` 
 written by INRIA 3DGS, nerfstudio and rh3dgs therefore round-trip with identical headers;
 a file that had unknown properties elsewhere gets them moved, values unchanged.
 
+Splat files as users download them load too, through gsply (:mod:`rh3dgs.io.compressed`): SuperSplat
+compressed PLYs (``chunk`` + ``packed_*`` elements, recognised from the header) and SPZ (recognised from
+the first bytes), with the same size and NaN / Inf checks, as plain Gaussians (no ``sem_*``, no ``extra``).
+
 Loading accepts binary (either endianness) and ASCII PLY. Every column that is read is
 checked for its declared type and meaning before its values are used: the standard fields
 must be ``float`` or ``double`` (converted to float32, values beyond float32 refused), an
@@ -71,11 +75,15 @@ import torch
 from ..errors import MemoryLimitError, NonFiniteError, PlyFormatError, ShapeError
 from ..gaussians import Gaussians
 from .atomic import atomic_write
+from .compressed import is_compressed_ply, is_spz, load_compressed_ply, load_spz
 
-__all__ = ["load_ply", "save_ply", "ply_field_names", "SH_REST_COUNTS", "SEM_DTYPE_COMMENT", "SEM_MARKERS",
+__all__ = ["load_ply", "save_ply", "SPLAT_SUFFIXES", "ply_field_names", "SH_REST_COUNTS", "SEM_DTYPE_COMMENT", "SEM_MARKERS",
            "LATENT_DTYPES"]
 
 PathLike = Union[str, os.PathLike]
+
+#: file suffixes :func:`load_ply` reads (INRIA and SuperSplat compressed PLY, SPZ)
+SPLAT_SUFFIXES = (".ply", ".spz")
 
 #: number of ``f_rest_*`` properties -> K (higher SH coefficients per channel)
 SH_REST_COUNTS = {0: 0, 9: 3, 24: 8, 45: 15}
@@ -164,8 +172,7 @@ def _check_layout(path: Path, element_names: Sequence[str], props: Sequence[Tupl
     if missing:
         hint = ""
         if "packed_position" in names:
-            hint = (" It looks like a compressed (SuperSplat) PLY; decompress it to the standard layout first "
-                    "(npx @playcanvas/splat-transform IN.compressed.ply OUT.ply).")
+            hint = " It has packed_* properties but no 'chunk' element: not a complete SuperSplat compressed PLY."
         elif {"red", "green", "blue"} <= set(names) and any(n.startswith("f_dc") for n in missing):
             hint = (
                 " It stores colours as red/green/blue instead of SH coefficients; re-export with SH coefficients "
@@ -255,13 +262,24 @@ def _peek_header(path: Path, size: int, latents: bool):
         return None
     with open(path, "rb") as f:
         hdr = parse(f)
+        body = size - f.tell()  # the rows' bytes: what the header's counts must fit in
     elements = list(hdr.elements)
     names = [e.name for e in elements]
     vertex = next((e for e in elements if e.name == "vertex"), None)
     props = [] if vertex is None else [(p.name, isinstance(p, PlyListProperty)) for p in vertex.properties]
-    _check_rows_fit(path, hdr, size, latents)
+    _check_rows_fit(path, hdr, body, latents)
+    if is_compressed_ply(names, [p for p, _ in props]):
+        sh = next((e for e in elements if e.name == "sh"), None)
+        return _Compressed(vertex.count, 0 if sh is None else len(sh.properties) // 3)
     _check_layout(path, names, props)
     return names, props
+
+
+class _Compressed(tuple):
+    """A SuperSplat compressed PLY's header: ``(rows, higher SH coefficients per channel)``."""
+
+    def __new__(cls, rows: int, sh_coeffs: int):
+        return super().__new__(cls, (rows, sh_coeffs))
 
 
 def _read(path: Path, latents: bool):
@@ -271,7 +289,9 @@ def _read(path: Path, latents: bool):
         size = path.stat().st_size
         if size == 0:
             raise PlyFormatError(path, "file is empty")
-        _peek_header(path, size, latents)
+        header = _peek_header(path, size, latents)
+        if isinstance(header, _Compressed):
+            return header
         return PlyData.read(str(path), mmap="c")
     except (PlyFormatError, MemoryLimitError):
         raise
@@ -401,7 +421,8 @@ def _latent_columns(path: Path, data: np.ndarray, names: Sequence[str], sem_dtyp
 
 
 def load_ply(path: PathLike, device: Union[str, torch.device] = "cpu", *, latents: bool = True) -> Gaussians:
-    """Load a 3DGS PLY (INRIA / nerfstudio / splat-transform / rh3dgs layout, see the module doc).
+    """Load a 3DGS PLY (INRIA / nerfstudio / splat-transform / rh3dgs layout, see the module doc), a SuperSplat
+    compressed PLY or an SPZ file (:mod:`rh3dgs.io.compressed`).
 
     Args:
         path: the ``.ply`` file.
@@ -430,7 +451,11 @@ def load_ply(path: PathLike, device: Union[str, torch.device] = "cpu", *, latent
     if path.is_dir():
         raise PlyFormatError(path, "is a directory, expected a .ply file")
 
+    if is_spz(path):
+        return load_spz(path, device)
     ply = _read(path, latents)
+    if isinstance(ply, _Compressed):
+        return load_compressed_ply(path, device, rows=ply[0], sh_coeffs=ply[1])
     element_names = [e.name for e in ply.elements]
     if "vertex" not in element_names:
         _check_layout(path, element_names, [])
