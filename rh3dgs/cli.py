@@ -509,6 +509,8 @@ class Query:
 
 Latents = Annotated[bool, arg(help="add the field's latents as sem_* columns (read by rh3dgs; other tools "
                                   "ignore them)")]
+Extra = Annotated[bool, arg(help="keep the scene's other per-Gaussian columns (class_id...) as floats; default: "
+                                "exactly the INRIA 3DGS properties")]
 LatentDtype = Annotated[Literal["float32", "float16"],
                         arg(help="with --latents: float32 (a standard PLY float) or float16 (compact, rh3dgs-only)")]
 
@@ -527,6 +529,7 @@ class Select:
     negatives: Negatives = None
     latents: Latents = False
     latent_dtype: LatentDtype = "float32"
+    extra: Extra = False
     overwrite: Overwrite = False
 
     def main(self) -> int:
@@ -537,7 +540,8 @@ class Select:
         negatives = None if self.negatives is None else list(parse_queries(self.negatives))
         sel = scene.select(self.query, threshold=self.threshold, negatives=negatives)
         with _writing(out):
-            out = scene.export_ply(out, mask=sel, latents=self.latents, latent_dtype=self.latent_dtype)
+            out = scene.export_ply(out, mask=sel, latents=self.latents, latent_dtype=self.latent_dtype,
+                                   extra=self.extra)
         print(f"'{self.query}': {int(sel.sum())} of {len(scene)} Gaussians above {self.threshold} -> {out}")
         return 0
 
@@ -552,6 +556,7 @@ class Export:
     """PLY file to write"""
     latents: Latents = False
     latent_dtype: LatentDtype = "float32"
+    extra: Extra = False
     overwrite: Overwrite = False
 
     def main(self) -> int:
@@ -560,9 +565,11 @@ class Export:
         out = check_output_file(self.output, self.overwrite, scene_inputs(self.scene))
         scene = load(self.scene)
         with _writing(out):
-            out = scene.export_ply(out, latents=self.latents, latent_dtype=self.latent_dtype)
+            out = scene.export_ply(out, latents=self.latents, latent_dtype=self.latent_dtype, extra=self.extra)
         with_latents = self.latents and scene.field is not None
-        print(f"{len(scene)} Gaussians{' with sem_* latents' if with_latents else ' (plain 3DGS PLY)'} -> {out}")
+        what = (" with sem_* latents" if with_latents else
+                " (INRIA 3DGS PLY" + (" + extra columns)" if self.extra and scene.gaussians.extra else ")"))
+        print(f"{len(scene)} Gaussians{what} -> {out}")
         return 0
 
 

@@ -54,9 +54,10 @@ header comments and rewrites ``ushort`` as ``uint``: float16 bit patterns read a
 give 47105.0 for -0.5005), is refused with a :class:`PlyFormatError` naming the file, the
 column, the likely cause and the way back (re-export from the scene folder). Its plain
 3DGS fields can still be read with ``load_ply(path, latents=False)``, which skips ``sem_*``
-unchecked. ``save_ply(..., plain=True)`` writes a plain INRIA file (no ``sem_*``, every
-property a ``float``) that any 3DGS tool reads; ``rh3dgs select`` / ``export`` write that
-unless latents are asked for.
+unchecked. ``save_ply(..., plain=True)`` writes a plain INRIA file, exactly the properties of INRIA's
+3DGS (``x y z nx ny nz f_dc_* f_rest_* opacity scale_* rot_*``, all ``float``; normals as stored, else 0),
+that any 3DGS tool reads; ``extra=True`` adds the other per-Gaussian columns (as ``float``).
+``rh3dgs select`` / ``export`` write that unless latents or extra columns are asked for.
 
 Before reading any data, the header's vertex count goes through the memory model
 (:func:`rh3dgs.memory.ply_load_bytes`): a file whose rows cannot fit in memory, or that
@@ -574,7 +575,7 @@ def _to_half_bits(path: Path, names: Sequence[str], a: np.ndarray) -> np.ndarray
 
 
 def save_ply(path: PathLike, gaussians: Gaussians, mask: Optional[Union[torch.Tensor, np.ndarray]] = None, *,
-             latent_dtype: str = "float32", plain: bool = False) -> Path:
+             latent_dtype: str = "float32", plain: bool = False, extra: Optional[bool] = None) -> Path:
     """Write ``gaussians`` (or the ``mask``-selected subset) as a binary little-endian 3DGS PLY.
 
     Args:
@@ -584,9 +585,10 @@ def save_ply(path: PathLike, gaussians: Gaussians, mask: Optional[Union[torch.Te
         latent_dtype: "float32" (default: ``sem_*`` as PLY ``float`` under the marker
             ``comment rh3dgs sem_dtype float32``) or the compact, rh3dgs-only "float16"
             (``ushort`` float16 bit patterns under ``comment rh3dgs sem_dtype float16``; see the module doc).
-        plain: write a plain INRIA 3DGS PLY that every 3DGS tool reads: no ``sem_*`` (the
-            latents are left out) and every extra property as ``float`` (integers beyond 2^24
-            raise, float64 is rounded to float32).
+        plain: write a plain INRIA 3DGS PLY that every 3DGS tool reads: exactly INRIA's properties
+            (:func:`ply_field_names` with ``normals=True``; normals 0 unless ``extra`` holds them), no ``sem_*``.
+        extra: write ``gaussians.extra``'s other columns (default: unless ``plain``); with ``plain`` as
+            ``float`` (integers beyond 2^24 raise, float64 is rounded to float32).
 
     Returns ``Path(path)``. Layout and order: see the module doc and
     :func:`ply_field_names`. ``extra`` tensors must be [N]; bool is written as uint8,
@@ -641,9 +643,14 @@ def save_ply(path: PathLike, gaussians: Gaussians, mask: Optional[Union[torch.Te
             columns[name] = a[:, j]
 
     extras: Dict[str, np.ndarray] = {}
+    keep = (lambda name: True) if (not plain if extra is None else extra) else (lambda name: name in _NORMALS)
     for name, t in g.extra.items():
         _check_name(path, name)
-        extras[name] = _extra_column(path, name, t, n, plain)
+        if keep(name):
+            extras[name] = _extra_column(path, name, t, n, plain)
+    if plain:  # INRIA's layout: normals always there (its 3DGS writes zeros)
+        for name in _NORMALS:
+            extras.setdefault(name, np.zeros(n, np.float32))
 
     order = list(_XYZ)
     order += [nm for nm in _NORMALS if nm in extras]
