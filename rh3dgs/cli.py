@@ -137,11 +137,13 @@ def _transforms_file(path) -> Path:
 
 
 def _save_render_pngs(result, names: List[str], out_dir: Path, start: int = 0) -> List[Path]:
-    """Write RGB, depth and alpha PNGs of a RenderResult; returns the RGB paths."""
+    """Write the RGB and alpha PNGs of a RenderResult, its depth as a PNG with a colour bar in scene units and as
+    ``*_depth.npy`` (float32, 0 where alpha <= 0.5); returns the RGB paths."""
+    import numpy as np
     import torch
 
-    from .io.atomic import atomic_save_png
-    from .viz import colorize
+    from .io.atomic import atomic_save_png, atomic_write
+    from .viz import colorize, with_colorbar
 
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -149,8 +151,13 @@ def _save_render_pngs(result, names: List[str], out_dir: Path, start: int = 0) -
         name = names[start + b]
         rgb = (result.rgb[b].clamp(0, 1) * 255).round().to(torch.uint8).numpy()
         atomic_save_png(out_dir / f"{name}_rgb.png", rgb)
-        d = torch.where(result.alpha[b] > 0.5, result.depth[b], torch.zeros_like(result.depth[b]))
-        atomic_save_png(out_dir / f"{name}_depth.png", colorize(d, mask=result.alpha[b] > 0.5))
+        seen = result.alpha[b] > 0.5
+        d = torch.where(seen, result.depth[b], torch.zeros_like(result.depth[b]))
+        lo, hi = (float(d[seen].min()), float(d[seen].max())) if seen.any() else (0.0, 1.0)
+        atomic_save_png(out_dir / f"{name}_depth.png", with_colorbar(colorize(d, seen, lo, hi), lo, hi,
+                                                                     "depth (scene units)"))
+        with atomic_write(out_dir / f"{name}_depth.npy") as f:
+            np.save(f, d.numpy().astype(np.float32), allow_pickle=False)
         atomic_save_png(out_dir / f"{name}_alpha.png", (result.alpha[b].clamp(0, 1) * 255).round().to(torch.uint8).numpy())
         written.append(out_dir / f"{name}_rgb.png")
     return written
@@ -469,7 +476,7 @@ class Query:
     def main(self) -> int:
         from .api import load
         from .io.atomic import atomic_save_png
-        from .viz import colorize, highlight, result_sheet
+        from .viz import colorize, highlight, result_sheet, with_colorbar
 
         out = check_output_dir(self.output, self.overwrite, scene_inputs(self.scene))
         scene = load(self.scene)
@@ -489,9 +496,11 @@ class Query:
             rgb = scene.render(i)
             for q, r in zip(queries, rel):
                 with _writing(out):
-                    atomic_save_png(out / f"{names[i]}_{_stem(q)}_relevancy.png", colorize(r, vmin=0.0, vmax=1.0))
-                    atomic_save_png(out / f"{names[i]}_{_stem(q)}_overlay.png",
-                                    highlight(rgb, r, threshold=self.threshold))
+                    atomic_save_png(out / f"{names[i]}_{_stem(q)}_relevancy.png", with_colorbar(
+                        colorize(r, vmin=0.0, vmax=1.0), 0.0, 1.0, "relevancy (LERF, 0-1)", self.threshold))
+                    atomic_save_png(out / f"{names[i]}_{_stem(q)}_overlay.png", with_colorbar(
+                        highlight(rgb, r, threshold=self.threshold), 0.0, 1.0,
+                        f"relevancy above {self.threshold:g} (0-1)", self.threshold))
             with _writing(out):
                 atomic_save_png(out / "sheets" / f"{names[i]}.png",
                                 result_sheet(rgb, rel, queries, self.threshold, title=names[i]))
@@ -502,8 +511,8 @@ class Query:
                 scene.export_ply(out / f"{stem}.ply", mask=sel)
             print(f"'{q}': {int(sel.sum())} of {len(scene)} Gaussians above {self.threshold} -> "
                   f"{out / (stem + '.ply')}")
-        print(f"relevancy PNGs for {len(queries)} queries x {len(views)} views, one sheet per view "
-              f"(sheets/<view>.png) -> {out}")
+        print(f"result sheets (render, relevancy, selection per query; start here): {out / 'sheets'}/<view>.png, "
+              f"{len(views)} views; single relevancy / overlay PNGs ({len(queries)} queries) -> {out}")
         return 0
 
 
