@@ -2,7 +2,7 @@
 
     rh3dgs demo   [--output DIR]            synthetic scene -> renders (+ lift and queries)
     rh3dgs synth  --output DIR [--seed S]   write a labelled synthetic nerfstudio dataset
-    rh3dgs render SCENE.ply --transforms T  render a PLY from the cameras of a transforms.json
+    rh3dgs render SCENE.ply [--transforms T] render a splat from a transforms.json's cameras, or an orbit
     rh3dgs extract --data DIR --teacher T   teacher features for the dataset's images (cached;
                                             data-parallel: torchrun --nproc_per_node=K -m rh3dgs.cli extract ...)
     rh3dgs lift SCENE.ply --data DIR        training-free lift -> semantic scene folder
@@ -197,15 +197,33 @@ class Synth:
 
 
 @dataclass
+class OrbitOptions:
+    """The cameras ``rh3dgs render`` places around a scene that comes without a transforms.json."""
+
+    orbit: int = 36
+    """number of cameras on the orbit (one turn)"""
+    size: int = 512
+    """image width and height in pixels"""
+    up: Literal["auto", "x", "-x", "y", "-y", "z", "-z"] = "auto"
+    """the scene's up axis (auto: detected from the Gaussians' spread, rh3dgs.cameras.detect_up)"""
+    fov: float = 50.0
+    """field of view in degrees"""
+    elevation: float = 20.0
+    """height of the orbit above the scene's centre, in degrees"""
+
+
+@dataclass
 class Render:
-    """Render a 3DGS PLY from the cameras of a transforms.json."""
+    """Render a 3DGS PLY (INRIA, SuperSplat compressed, SPZ) from the cameras of a transforms.json, or, without one,
+    from an orbit around it (PNGs, a turntable GIF and the orbit's transforms.json)."""
 
     scene: ScenePath
-    """INRIA-format 3DGS PLY"""
-    transforms: Annotated[str, arg(metavar="PATH")]
-    """nerfstudio transforms.json (or its folder)"""
+    """3DGS PLY (INRIA layout or SuperSplat compressed) or SPZ"""
     output: Output
     """folder of the RGB, depth and alpha PNGs"""
+    transforms: Annotated[Optional[str], arg(metavar="PATH")] = None
+    """nerfstudio transforms.json (or its folder); without one, an orbit around the scene (--orbit, --up...)"""
+    camera: Annotated[OrbitOptions, arg(name="")] = field(default_factory=OrbitOptions)
     images: Images = field(default_factory=ImageOptions)
     overwrite: Overwrite = False
 
@@ -213,26 +231,65 @@ class Render:
         import torch
 
         from .io.ply import load_ply
-        from .memory import check_memory, render_memory_estimate
         from .rendering import render
 
-        out = check_output_dir(self.output, self.overwrite, [self.scene, _transforms_file(self.transforms)])
+        inputs = [self.scene] + ([_transforms_file(self.transforms)] if self.transforms else [])
+        out = check_output_dir(self.output, self.overwrite, inputs)
         gaussians = load_ply(self.scene, latents=False)  # RGB only: sem_* columns are not read
-
-        def preflight(views: int, w: int, h: int) -> None:  # one view at a time
-            check_memory(render_memory_estimate(len(gaussians), h, w), f"rendering {len(gaussians)} Gaussians at "
-                         f"{w}x{h}", knobs=["--downscale N (a smaller image)"])
-
-        cams, images = _load_cameras(self.images, None, self.transforms, check_images=False, require_images=False,
-                                     preflight=preflight)
-        names = [p.stem[:80] for p in images]
+        cams, names = self._cameras(gaussians)
+        written = []
         for i in track(range(len(cams)), description="render"):
             with torch.no_grad():
                 r = render(gaussians, cams[i])
             with _writing(out):
-                _save_render_pngs(r, names, out, start=i)
-        print(f"rendered {len(cams)} views of {len(gaussians)} Gaussians to {out}")
+                written += _save_render_pngs(r, names, out, start=i)
+        extra = ""
+        if self.transforms is None:
+            with _writing(out):
+                extra = self._turntable(out, cams, written)
+        print(f"rendered {len(cams)} views of {len(gaussians)} Gaussians to {out}{extra}")
         return 0
+
+    def _cameras(self, gaussians):
+        """The transforms.json's cameras, or the orbit's; with the views' names."""
+        from .cameras import detect_up, orbit_cameras, scene_bounds
+        from .memory import check_memory, render_memory_estimate
+
+        def preflight(views: int, w: int, h: int) -> None:  # one view at a time
+            check_memory(render_memory_estimate(len(gaussians), h, w), f"rendering {len(gaussians)} Gaussians at "
+                         f"{w}x{h}", knobs=["--downscale N or --size N (a smaller image)"])
+
+        if self.transforms is not None:
+            cams, images = _load_cameras(self.images, None, self.transforms, check_images=False, require_images=False,
+                                         preflight=preflight)
+            return cams, [p.stem[:80] for p in images]
+        o = self.camera
+        if o.orbit < 1 or o.size < 8 or not 1.0 <= o.fov <= 170.0:
+            raise ConfigError(f"--orbit {o.orbit} --size {o.size} --fov {o.fov:g}: at least 1 view of 8 x 8 pixels, "
+                              "a field of view between 1 and 170 degrees")
+        preflight(o.orbit, o.size, o.size)
+        centre, extent = scene_bounds(gaussians.means, gaussians.opacities)
+        up, why = (o.up, "given") if o.up != "auto" else detect_up(gaussians.means, gaussians.opacities)
+        print(f"no transforms.json: {o.orbit} orbit cameras around the median centre "
+              f"({', '.join(f'{float(x):.3g}' for x in centre)}), {2.5 * extent:.3g} away (2.5 x the 90th percentile "
+              f"distance), up {up} ({why}; --up to choose)")
+        cams = orbit_cameras(centre, extent, up, o.orbit, o.size, o.size, o.fov, o.elevation)
+        return cams, cams.names
+
+    @staticmethod
+    def _turntable(out: Path, cams, frames: List[Path]) -> str:
+        """turntable.gif of the RGB frames (imageio) and the orbit's transforms.json (its images: the frames), so
+        the renders are a dataset: ``rh3dgs lift SCENE --data OUT``."""
+        import imageio.v3 as iio
+
+        from .io.atomic import atomic_write
+        from .io.transforms import save_transforms
+
+        gif = out / "turntable.gif"
+        with atomic_write(gif) as f:
+            iio.imwrite(f, [iio.imread(p) for p in frames], extension=".gif", duration=80, loop=0)
+        save_transforms(out / "transforms.json", cams, frames)
+        return f"; turntable {gif}, the orbit's cameras {out / 'transforms.json'}"
 
 
 @dataclass

@@ -94,9 +94,10 @@ def test_corrupt_and_oversized_files_name_the_file(tmp_path):
 
 @pytest.mark.parametrize("name,count", [("biker.compressed.ply", 152_746), ("guitar.compressed.ply", 90_854),
                                         ("biker.spz", 152_746)])
-def test_real_splats_match_gsplys_reading(name, count):
+def test_real_splats_match_gsplys_reading(name, count, tmp_path):
     """The splats users download (realdata/splats): the Gaussian counts, and means and colours equal to gsply's
-    reading (SPZ: gsply's read_spz turned from RUB; and biker.spz lines up with biker.compressed.ply)."""
+    reading (SPZ: gsply's read_spz turned from RUB; and biker.spz lines up with biker.compressed.ply); `rh3dgs
+    render` of each, without cameras, writes an orbit."""
     path = REALDATA / name
     if not path.is_file():
         pytest.skip(f"{path} is not here (../shared/realdata is not part of the repository)")
@@ -112,3 +113,10 @@ def test_real_splats_match_gsplys_reading(name, count):
     if name == "biker.spz":
         other = rh3dgs.load_ply(REALDATA / "biker.compressed.ply")
         assert float((g.means - other.means).abs().max()) < 2e-4
+    from rh3dgs.cli import main
+
+    assert main(["render", str(path), "--output", str(tmp_path / "orbit"), "--orbit", "3", "--size", "48"]) == 0
+    import imageio.v3 as iio
+
+    frames = iio.imread(tmp_path / "orbit" / "turntable.gif")
+    assert frames.shape == (3, 48, 48, 3) and frames.max() > 50  # the splat is in view
