@@ -62,8 +62,9 @@ class UsageError(ConfigError):
 class TeacherOptions(TeacherConfig):
     """:class:`TeacherConfig` as the commands name it: ``--teacher`` (``name``), ``--cache`` (``cache_dir``)."""
 
-    name: Annotated[str, arg(name="teacher", help="clip | tiny-clip | precomputed (the commands' default: "
-                                                  "precomputed, the maps of DATA/features)")] = "precomputed"
+    name: Annotated[str, arg(name="teacher", help="clip | tiny-clip | precomputed | auto (default: the teacher "
+                                                  "whose maps DATA's feature cache holds, the newest; without one, "
+                                                  "precomputed, the maps of DATA/features)")] = "auto"
     cache_dir: Annotated[Optional[str], arg(name="cache")] = TeacherConfig.cache_dir
 
     def config(self) -> TeacherConfig:
@@ -335,14 +336,28 @@ class Demo:
         return 0
 
 
-def _teacher_config(teacher: TeacherOptions) -> TeacherConfig:
+def _teacher_config(teacher: TeacherOptions, data: Path) -> TeacherConfig:
     """The TeacherConfig of the teacher options: the same teacher, hence the same cache entries, as an
-    ``ns-train rh3dgs`` data manager with that config."""
+    ``ns-train rh3dgs`` data manager with that config. ``--teacher auto`` (the default): the teacher whose maps the
+    data's feature cache already holds (the most recent, :func:`rh3dgs.teachers.cache.cached_teachers`), else
+    ``precomputed``; said in one line."""
     if teacher.checkpoint and not Path(teacher.checkpoint).expanduser().is_file():  # before open_clip is imported
         from .errors import MissingWeightsError
 
         raise MissingWeightsError(f"--checkpoint {teacher.checkpoint}: checkpoint file not found")
-    return teacher.config()
+    if teacher.name != "auto":
+        return teacher.config()
+    from .teachers import default_cache_dir
+    from .teachers.cache import cached_teachers
+
+    cache = Path(teacher.cache_dir) if teacher.cache_dir else default_cache_dir(data)
+    found = cached_teachers(cache)
+    if not found:
+        return dataclasses.replace(teacher.config(), name="precomputed")
+    spec, folder = found[0]
+    others = f" (newest of {len(found)})" if len(found) > 1 else ""
+    print(f"teacher: {spec['name']}, the teacher of {folder}{others}; --teacher to choose")
+    return TeacherConfig.from_spec(spec, cache_dir=teacher.cache_dir)
 
 
 def _cache_dir(cache_opt: Optional[str], data: Path, image_paths) -> Path:
@@ -418,7 +433,7 @@ class Extract:
         cache = self.teacher.cache_dir
         cams, images = _load_cameras(self.images, cache, data, check_images=True, preflight=preflight)
         with process_group_from_env() as dist:
-            tcfg = _teacher_config(self.teacher)
+            tcfg = _teacher_config(self.teacher, data)
             if dist is not None and dist.device.type == "cuda":
                 tcfg = dataclasses.replace(tcfg, device=str(dist.device))  # each rank on its LOCAL_RANK GPU
             teacher = tcfg.setup(data)
@@ -469,7 +484,7 @@ class Lift:
         from .teachers import default_cache_dir, spec_paths
 
         data = Path(self.data)
-        tcfg = _teacher_config(self.teacher)
+        tcfg = _teacher_config(self.teacher, data)
         spec = tcfg.spec(data)
         cache = self.teacher.cache_dir
         inputs = [self.scene, _transforms_file(data), cache or default_cache_dir(data), self.config,
@@ -757,7 +772,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         root = parse(argv)
         from .memory import memory_limit
 
-        with memory_limit(root.max_memory):
+        with memory_limit(root.max_memory), _one_line_warnings():
             return int(root.command.main() or 0)
     except Rh3dgsError as exc:
         if debug:
@@ -769,6 +784,28 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise
         print(f"rh3dgs: error: {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
         return 2
+
+
+@contextlib.contextmanager
+def _one_line_warnings():
+    """Warnings of rh3dgs's own types printed as ``rh3dgs: warning: ...`` (one line each) while a command runs."""
+    import warnings
+
+    from .teachers.tiny import RandomTeacherWarning
+
+    show = warnings.showwarning
+
+    def one_line(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, RandomTeacherWarning):
+            print(f"rh3dgs: warning: {message}", file=sys.stderr)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = one_line
+    try:
+        yield
+    finally:
+        warnings.showwarning = show
 
 
 def _global_flag(argv: List[str], flag: str) -> bool:
