@@ -104,7 +104,7 @@ class Rh3dgsDataManager(FullImageDatamanager[InputDataset]):
             t = self.config.teacher
             teacher = t.setup(self.data_dir)
             cache = self.config.teacher_cache_dir or t.cache_dir
-            maps = dataset_maps(teacher, images, cache, data_dir=self.data_dir, progress=False)
+            maps = dataset_maps(teacher, images, cache, data_dir=self.data_dir, progress=True)  # bars at a terminal
             where = f"from {Path(maps.files[0]).parent}" if len(maps) else ""
             CONSOLE.log(f"rh3dgs teacher '{teacher.name}' ({split}): {maps.stats.get('computed', 0)} computed, "
                         f"{maps.stats.get('reused', 0)} reused{'' if maps.cached else ', read in place'} {where}")
