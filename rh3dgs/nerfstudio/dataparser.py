@@ -116,13 +116,11 @@ class Rh3dgsDataParserConfig(NerfstudioDataParserConfig):
 
     _target: Type = field(default_factory=lambda: Rh3dgsDataParser)
     load_3D_points: bool = True
-    """Read ``ply_file_path`` from transforms.json as the seed point cloud (random init without one)."""
+    """Read transforms.json's ply_file_path as the seed point cloud (random seeds without one)."""
     skip_missing_images: bool = False
-    """Leave out frames whose image file is missing (one warning with the count), as ``rh3dgs extract
-    --skip-missing-images``; False: one error naming them."""
+    """Leave out frames whose image file is missing (one warning), as rh3dgs extract --skip-missing-images."""
     image_cache_dir: Optional[Path] = None
-    """Folder of the undistorted / downscaled images (default ``<data>/.rh3dgs_cache/images``, or
-    ``<teacher cache>/images`` when the data manager's ``teacher-cache-dir`` is set)."""
+    """Folder of the undistorted / resized images (default DATA/.rh3dgs_cache/images, or TEACHER_CACHE/images)."""
 
 
 class Rh3dgsDataParser(Nerfstudio):
