@@ -590,7 +590,7 @@ class Query:
 
 Latents = Annotated[bool, arg(help="add the field's latents as sem_* columns (read by rh3dgs; other tools "
                                   "ignore them)")]
-Extra = Annotated[bool, arg(help="keep the scene's other per-Gaussian columns (class_id...) as floats; default: "
+Extra = Annotated[bool, arg(help="also the scene's other per-Gaussian columns (class_id...), as floats; without: "
                                 "exactly the INRIA 3DGS properties")]
 LatentDtype = Annotated[Literal["float32", "float16"],
                         arg(help="with --latents: float32 (a standard PLY float) or float16 (compact, rh3dgs-only)")]
