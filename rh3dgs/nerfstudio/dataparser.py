@@ -153,7 +153,7 @@ class Rh3dgsDataParser(Nerfstudio):
                 posed = load_posed_images(json_path, downscale=factor, skip_missing_images=self.config.skip_missing_images,
                                           image_cache=self.config.image_cache_dir, missing_hint=SKIP_HINT)
             for w in caught:
-                CONSOLE.print(f"[yellow]rh3dgs: warning: {w.message}")
+                CONSOLE.print(f"rh3dgs: warning: {w.message}", style="yellow", markup=False)
             own = list(posed.images) == posed.sources and len(posed.frames) == len(_frames(json_path))
             self.downscale_factor = factor if own else 1  # derived: the images are at their final size
             self._posed = posed
