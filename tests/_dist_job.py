@@ -18,7 +18,7 @@ def load(data: Path):
     from rh3dgs.io.ply import load_ply
     from rh3dgs.io.transforms import ImageOptions
 
-    teacher = _teacher_config(TeacherOptions()).setup(data)
+    teacher = _teacher_config(TeacherOptions(name="precomputed"), data).setup(data)
     cams, images = _load_cameras(ImageOptions(), None, data, check_images=False)
     return load_ply(data / "scene.ply", latents=False), cams, _dataset_maps(None, teacher, data, images)
 
