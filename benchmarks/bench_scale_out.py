@@ -8,10 +8,13 @@ process's peak resident memory (VmHWM).
 * lift: the 1M-Gaussian, 300-view, 64x64, D = 64 scene of ``bench_scale.py`` (maps streamed per view);
 * distill: 200k Gaussians, 24 views of 128x128, D = 64, d = 16, 20 steps of 4 views (the lift first).
 
-The model of a 50M-Gaussian, 5,000-view scene on 8 and 64 GPUs built from these numbers is
-benchmarks/results/scale_out.md's second part (written by hand from this run's JSON, its assumptions spelled out).
+* pixels: 50k Gaussians, 16 views of 256x256 (one process): the per-pixel cost of a pass, for the model.
 
-    python benchmarks/bench_scale_out.py
+The model of a 50M-Gaussian, 5,000-view scene on 8 and 64 GPUs built from these numbers (:func:`_model`, its
+assumptions in :data:`TARGET`, :data:`GPU` and the report) is scale_out.md's last part.
+
+    python benchmarks/bench_scale_out.py            # measure and report (37 min at a load of 10-18 on 2 cores)
+    python benchmarks/bench_scale_out.py --report   # the report again from results/scale_out.json
 """
 from __future__ import annotations
 
@@ -30,10 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import cpu_peak_fma, entry, machine, orbit, peak_rss_mb, random_scene, run_isolated, write_results  # noqa: E402
 
 LIFT = {"gaussians": 1_000_000, "views": 300, "size": 64, "D": 64, "scale": 0.009}
+PIXELS = {"gaussians": 50_000, "views": 16, "size": 256, "D": 64, "scale": 0.02}
 DISTILL = {"gaussians": 200_000, "views": 24, "size": 128, "D": 64, "latent_dim": 16, "steps": 20, "views_per_step": 4,
            "scale": 0.015}
 if os.environ.get("RH3DGS_BENCH_QUICK"):  # a dry run of the same code in a minute (results not meaningful)
     LIFT = dict(LIFT, gaussians=20_000, views=16, scale=0.03)
+    PIXELS = dict(PIXELS, gaussians=5_000, views=4, size=128)
     DISTILL = dict(DISTILL, gaussians=10_000, views=8, size=64, steps=4)
 
 
@@ -82,18 +87,16 @@ def _distill() -> Dict:
             "latents_sum": float(res.latents.double().abs().sum())}
 
 
-def _projection() -> Dict:
-    """Seconds per (view, Gaussian) of the projection alone (``rh3dgs.rendering.visible``) at the lift's scene."""
-    from rh3dgs.rendering import visible
+def _pixels() -> Dict:
+    """The lift's first pass where pixels dominate: 50k Gaussians, 16 views of 256x256 (D = 64, one process)."""
+    from rh3dgs.lifting import LiftConfig, lift
 
-    s = LIFT
-    g, cams = random_scene(s["gaussians"], scale=s["scale"]), orbit(8, s["size"])
-    with torch.no_grad():
-        visible(g, cams[[0]])
-        c = time.process_time()
-        for v in range(8):
-            visible(g, cams[[v]])
-    return {"cpu_seconds_per_view_gaussian": (time.process_time() - c) / (8 * s["gaussians"])}
+    s = PIXELS
+    g, cams = random_scene(s["gaussians"], scale=s["scale"]), orbit(s["views"], s["size"])
+    t, c = time.perf_counter(), time.process_time()
+    res = lift(g, cams, _maps(s["size"], s["D"]), LiftConfig(method="robust"), progress=False)
+    return {"seconds": time.perf_counter() - t, "cpu_seconds": time.process_time() - c,
+            "seconds_per_pass": res.info["seconds_per_pass"]}
 
 
 def measure(part: str) -> Dict:
@@ -101,7 +104,7 @@ def measure(part: str) -> Dict:
     from rh3dgs.distributed import process_group_from_env
 
     with process_group_from_env() as group:
-        out = {"lift": _lift, "distill": _distill, "projection": _projection}[part]()
+        out = {"lift": _lift, "distill": _distill, "pixels": _pixels}[part]()
         out["rank"] = 0 if group is None else group.rank
     if os.environ.get("RH3DGS_BENCH_OUT"):
         Path(os.environ["RH3DGS_BENCH_OUT"], f"rank{out['rank']}.json").write_text(json.dumps(out))
@@ -152,22 +155,23 @@ GPU = {"name": "H100 SXM 80 GB", "fma_per_s": 33.5e12, "mem_bytes": 80e9, "hbm_b
 InfiniBand port per GPU at 80 %)."""
 
 
-def _model(lift1: Dict, proj: Dict, dist1: Dict, cpu: Dict) -> Dict:
+def _model(lift1: Dict, pixels: Dict, dist1: Dict, cpu: Dict) -> Dict:
     """Seconds, bytes and memory of the lift and the distillation of :data:`TARGET` on 8 and 64 :data:`GPU` s, from
     this run's one-process costs (see scale_out.md for the reasoning)."""
-    s, t, g = LIFT, TARGET, GPU
+    s, p, t, g = LIFT, PIXELS, TARGET, GPU
     speed = g["fma_per_s"] / cpu["peak_fma_per_s_per_core"]  # a GPU = this many of this CPU's cores, at the same
     #                                                          fraction of peak as our CPU kernels reach
     # core-seconds, from the CPU time of the run (a shared machine's wall time is not): each pass's share of it
     core = lambda run, wall: wall * run["cpu_seconds"] / run["seconds"]  # noqa: E731
-    n_v, hwd = s["gaussians"], s["size"] ** 2 * s["D"]
-    view_gauss = core(lift1, lift1["seconds_per_pass"][0]) / (s["views"] * n_v)  # first pass: every Gaussian, all in
-    px_cost = core(lift1, lift1["seconds_per_pass"][1]) / (s["views"] * hwd)  # a later pass: per (pixel, channel)
-    gauss_cost = core(lift1, lift1["seconds"] - sum(lift1["seconds_per_pass"])) / n_v  # fill, PCA, reordering
-    proj_cost = proj["cpu_seconds_per_view_gaussian"]
+    # a first pass = Gaussians in view x a + pixels x channels x b: the 1M-Gaussian 64x64 run is Gaussian-bound,
+    # the 50k-Gaussian 256x256 one pixel-bound; each gives one cost once the other's (small) share is taken off
+    gauss_view = core(lift1, lift1["seconds_per_pass"][0]) / (s["views"] * s["gaussians"])
+    px_cost = max(0.0, core(pixels, pixels["seconds_per_pass"][0]) - p["views"] * p["gaussians"] * gauss_view) \
+        / (p["views"] * p["size"] ** 2 * p["D"])
+    gauss_view = max(0.0, gauss_view - s["size"] ** 2 * s["D"] * px_cost / s["gaussians"])
+    gauss_cost = core(lift1, lift1["seconds"] - sum(lift1["seconds_per_pass"])) / s["gaussians"]  # fill, PCA
     N, V, HW, D = t["gaussians"], t["views"], t["width"] * t["height"], t["D"]
-    t_first = (t["in_view"] * N * view_gauss + HW * D * px_cost) / speed  # seconds per view, first pass
-    t_later = (t["in_view"] * N * proj_cost + HW * D * px_cost) / speed  # later passes (projected again at worst)
+    t_view = (t["in_view"] * N * gauss_view + HW * D * px_cost) / speed  # every pass: no cache across passes
     d = DISTILL
     step_px = core(dist1, dist1["seconds_per_step"]) / (d["views_per_step"] * d["size"] ** 2 * d["latent_dim"])
     rows = []
@@ -176,7 +180,7 @@ def _model(lift1: Dict, proj: Dict, dist1: Dict, cpu: Dict) -> Dict:
         bw = g["nvlink_bytes_per_s"] if K <= g["gpus_per_node"] else g["net_bytes_per_s"]
         sums_bytes = seen * (D + 2) * 4  # to the owners, then the new means (D + 1: with the active flag) back
         back_bytes = seen * (D + 1) * 4
-        t_pass = V / K * (t_first + (t["passes"] - 1) * t_later) / t["passes"]  # the passes' mean
+        t_pass = V / K * t_view
         t_exchange = (sums_bytes + back_bytes) / bw
         t_finish = N / K * gauss_cost / speed
         scene = N * t["scene_floats"] * 4
@@ -193,10 +197,9 @@ def _model(lift1: Dict, proj: Dict, dist1: Dict, cpu: Dict) -> Dict:
                      "distill_seconds_per_step_allreduce": allreduce, "distill_seconds_per_step_compute": step_compute,
                      "distill_fixed_views_bytes_per_rank": fixed_views})
     return {"target": t, "gpu": g, "gpu_over_cpu_core": speed, "costs": {
-        "first_pass_core_seconds_per_view_gaussian": view_gauss, "projection_core_seconds_per_view_gaussian": proj_cost,
-        "later_pass_core_seconds_per_pixel_channel": px_cost, "lift_core_seconds_per_gaussian_after_passes": gauss_cost,
-        "distill_core_seconds_per_pixel_latent": step_px, "modelled_gpu_seconds_per_view_first_pass": t_first,
-        "modelled_gpu_seconds_per_view_later_pass": t_later}, "rows": rows}
+        "pass_core_seconds_per_view_gaussian": gauss_view, "pass_core_seconds_per_pixel_channel": px_cost,
+        "lift_core_seconds_per_gaussian_after_passes": gauss_cost, "distill_core_seconds_per_pixel_latent": step_px,
+        "modelled_gpu_seconds_per_view_pass": t_view}, "rows": rows}
 
 
 def _model_md(m: Dict) -> str:
@@ -209,17 +212,14 @@ def _model_md(m: Dict) -> str:
         f"\n## model: {t['gaussians'] / 1e6:.0f}M Gaussians, {t['views']} views of {t['width']}x{t['height']}, "
         f"on 8 and 64 GPUs ({g['name']})\n\n"
         "Measured here (one process; core-seconds: each part's wall time x the run's CPU time / wall time, as the "
-        "machine is shared): the first pass (projection, binning, rendering, the compact cache, aggregation: all "
-        f"Gaussians are in every orbit view) {c['first_pass_core_seconds_per_view_gaussian'] * 1e9:.0f} ns per (view, "
-        f"Gaussian); the projection alone {c['projection_core_seconds_per_view_gaussian'] * 1e9:.0f} ns per (view, "
-        f"Gaussian); a later pass (the compact views replayed) {c['later_pass_core_seconds_per_pixel_channel'] * 1e9:.1f}"
-        f" ns per (pixel, channel); after the passes (fill, PCA, reordering) "
-        f"{c['lift_core_seconds_per_gaussian_after_passes'] * 1e6:.2f} us per Gaussian; a distillation step "
-        f"{c['distill_core_seconds_per_pixel_latent'] * 1e9:.0f} ns per (pixel, latent channel) (all of a step's cost "
-        "put on its pixels: an upper bound at larger images).\n\n"
-        "Model of a view: first pass = Gaussians in view x the first pass's cost per (view, Gaussian) + pixels x D x "
-        "a later pass's cost per (pixel, channel); later passes = Gaussians in view x the projection's cost (the "
-        "views projected again: no cache at this size) + the same pixel term.\n\n"
+        "machine is shared), a pass of the lift costs "
+        f"{c['pass_core_seconds_per_view_gaussian'] * 1e9:.0f} ns per (view, Gaussian in view) (projection, "
+        f"binning, the compact cache: the 1M-Gaussian 64x64 run) + {c['pass_core_seconds_per_pixel_channel'] * 1e9:.1f}"
+        f" ns per (pixel, channel) (compositing, weights, maps, aggregation: the 50k-Gaussian 256x256 run); after the "
+        f"passes (fill, PCA, reordering) {c['lift_core_seconds_per_gaussian_after_passes'] * 1e6:.2f} us per Gaussian; "
+        f"a distillation step {c['distill_core_seconds_per_pixel_latent'] * 1e9:.0f} ns per (pixel, latent channel) "
+        "(all of a step's cost put on its pixels: an upper bound at larger images). At this size no pass is cached "
+        "(the 2 GB cache holds a few 1080p views), so every pass costs the first one's.\n\n"
         "Assumptions: (1) a GPU does this work at the fraction of its peak fp32 FMA rate that our CPU kernels reach of "
         f"this core's, so one GPU = {m['gpu_over_cpu_core']:.0f} of these cores ({g['fma_per_s'] / 1e12:.1f} TFMA/s "
         "against the core's peak); (2) the per-view work scales with pixels x channels and, for the projection, with "
@@ -265,27 +265,35 @@ def _reading(m: Dict) -> str:
 
 
 def main() -> Dict:
+    """Every part, then :func:`report`."""
     load0 = os.getloadavg()[1]
     lift1 = run_isolated(__file__, ["--only", "lift"])
-    proj = run_isolated(__file__, ["--only", "projection"])
+    pixels = run_isolated(__file__, ["--only", "pixels"])
     lift2 = _two("lift")
     dist1 = run_isolated(__file__, ["--only", "distill"])
     dist2 = _two("distill")
-    cpu = cpu_peak_fma()
-    model = _model(lift1, proj, dist1, cpu)
-    payload = {"lift": {"setting": LIFT, "one": lift1, "two": lift2, "projection": proj},
-               "distill": {"setting": DISTILL, "one": dist1, "two": dist2}, "model": model,
-               "machine": machine(), "cpu": cpu}
+    payload = {"lift": {"setting": LIFT, "one": lift1, "two": lift2, "pixels": {"setting": PIXELS, **pixels}},
+               "distill": {"setting": DISTILL, "one": dist1, "two": dist2}, "machine": machine(),
+               "cpu": cpu_peak_fma(), "load_average": [load0, os.getloadavg()[1]]}
+    return report(payload)
+
+
+def report(payload: Dict) -> Dict:
+    """scale_out.md and .json from a run's measurements (the model recomputed: ``--report`` after editing it)."""
+    lift1, lift2 = payload["lift"]["one"], payload["lift"]["two"]
+    dist1, dist2, cpu = payload["distill"]["one"], payload["distill"]["two"], payload["cpu"]
+    payload["model"] = model = _model(lift1, payload["lift"]["pixels"], dist1, cpu)
+    load0, load1 = payload["load_average"]
     peak2 = max(r["peak_rss_mb"] for r in lift2)
     payload["lift_peak_per_rank_below_one_process"] = peak2 < lift1["peak_rss_mb"]
     passes = lambda r: " / ".join(f"{x:.1f}" for x in r["seconds_per_pass"])  # noqa: E731
-    s, d = LIFT, DISTILL
+    s, d = payload["lift"]["setting"], payload["distill"]["setting"]
     sh = lift2[0]["shares"]
     md = (f"# scale-out: K = 1 and 2 processes on this machine (gloo)\n\n"
-          f"CPU: {cpu['model']} ({machine()['cpu_count']} cores); K = 1: one process of {lift1['threads']} threads; "
-          f"K = 2: torchrun, 2 processes of 1 thread. Load average (5 min) {load0:.1f} at the start, "
-          f"{os.getloadavg()[1]:.1f} at the end: on a busy machine the wall times follow the load, the CPU seconds "
-          f"and the memory much less.\n\n"
+          f"CPU: {cpu['model']} ({payload['machine']['cpu_count']} cores); K = 1: one process of {lift1['threads']} "
+          f"threads; K = 2: torchrun, 2 processes of 1 thread. Load average (5 min) {load0:.1f} at the start, "
+          f"{load1:.1f} at the end: on a busy machine the wall times follow the load, the CPU seconds and the memory "
+          f"much less.\n\n"
           f"## lift: {s['gaussians']} Gaussians x {s['views']} views x {s['size']}x{s['size']}, D = {s['D']}\n\n"
           f"| | seconds | CPU seconds | seconds per pass | peak RSS (MB) |\n|---|---|---|---|---|\n"
           f"| K = 1 | {lift1['seconds']:.1f} | {lift1['cpu_seconds']:.1f} | {passes(lift1)} | "
@@ -295,7 +303,10 @@ def main() -> Dict:
           + f"\nShares: views {sh['views_by_rank']}, Gaussians owned {sh['owned_by_rank']}, seen {sh['seen_by_rank']} "
           f"(every orbit view sees the whole cube). Peak memory per rank {peak2:.0f} MB against "
           f"{lift1['peak_rss_mb']:.0f} MB in one process: **{'below' if payload['lift_peak_per_rank_below_one_process'] else 'NOT below'}**."
-          f" Speed-up K = 2 / K = 1: {lift1['seconds'] / max(r['seconds'] for r in lift2):.2f}x.\n\n"
+          f" Wall time K = 1 / K = 2: {lift1['seconds'] / max(r['seconds'] for r in lift2):.2f}x; CPU seconds of both "
+          f"ranks / one process: {sum(r['cpu_seconds'] for r in lift2) / lift1['cpu_seconds']:.2f} (two one-thread "
+          f"processes add no per-thread sums and cache half the views each; on a loaded machine neither ratio is a "
+          f"speed-up measurement).\n\n"
           + _traffic_rows(lift2)
           + f"\n## distillation: {d['gaussians']} Gaussians x {d['views']} views x {d['size']}x{d['size']}, D = {d['D']}, "
           f"d = {d['latent_dim']}, {d['steps']} steps of {d['views_per_step']} views (after the lift)\n\n"
@@ -310,4 +321,9 @@ def main() -> Dict:
 
 
 if __name__ == "__main__":
-    entry(measure, main)
+    if sys.argv[1:] == ["--report"]:
+        from _common import RESULTS
+
+        report(json.loads((RESULTS / "scale_out.json").read_text()))
+    else:
+        entry(measure, main)

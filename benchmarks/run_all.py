@@ -12,7 +12,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-BENCHES = ["bench_rasterize", "bench_lift", "bench_scale", "bench_lic", "bench_query", "bench_viewer", "bench_real",
+BENCHES = ["bench_rasterize", "bench_lift", "bench_scale", "bench_scale_out", "bench_lic", "bench_query", "bench_viewer", "bench_real",
            "bench_nstrain"]
 
 
