@@ -37,7 +37,7 @@ peak allocated GPU memory).
 Each image size gets its own synthetic dataset (the same scene and ~4k seed points, the
 ``rh3dgs-lite`` preset's own cap) and one row per method.
 
-The fox row (issue 21: "on the fox data downscaled 4x, at least 50k Gaussians"): ``shared/realdata/fox``'s
+The fox row (the fox data downscaled 4x, at least 50k Gaussians): ``shared/realdata/fox``'s
 photos 4x downscaled (270x480) with the poses of bench_real's ``ns-process-data`` (COLMAP; kept in
 ``outputs/bench_cache/fox_ns_4x_2x``, made here when missing), 50,000 seed points (:func:`fox_seeded`), the
 teacher ``tiny-clip`` computed at set-up and the latents initialised at random (the initialising lift of
@@ -71,7 +71,7 @@ from _common import entry, machine, peak_rss_mb, run_isolated, write_results  # 
 ITERS, WARMUP = 300, 10
 VIEWS, SIZES, DENSITY = 12, (256,), 300.0  # ~4k seed points (the synthetic scene's Gaussian centres)
 FOX_GAUSSIANS, FOX_ITERS = 50_000, 70  # the fox row: seed points, iterations (the first WARMUP not timed)
-TARGET_RATIO = 1.3  # issue 21: rh3dgs-lite / splatfacto per iteration, at 256x256 and on the fox
+TARGET_RATIO = 1.3  # rh3dgs-lite / splatfacto per iteration at most, at 256x256 and on the fox
 LABELS = {
     "rh3dgs": "rh3dgs (rh3dgs-lite preset)",
     "splatfacto:cuda": "splatfacto (nerfstudio)",

@@ -353,7 +353,7 @@ class Rh3dgsModel(SplatfactoNativeModel):
             # LIC's appearance positives read the colours only when its graph is rebuilt
             due = obj.lic.needs_refresh(self.step, int(live.numel()))
             colors = self.gaussians_for_render(detach=True).base_colors if due else None
-            losses["lic_loss"] = obj.contrast(self.step, lat, self.decoder, self.means, subset=subset, colors=colors)
+            losses["lic_loss"] = obj.lic_loss(self.step, lat, self.decoder, self.means, subset=subset, colors=colors)
         return losses
 
     @torch.no_grad()
