@@ -14,9 +14,9 @@ jobs it is the load-independent figure (wall time grows when other processes tak
 * baseline on CUDA: nerfstudio's own ``splatfacto`` method (gsplat's CUDA rasterizer) with the
   same model hyperparameters and optimizer schedule as the rh3dgs run.
 * baseline on CPU: nerfstudio's splatfacto cannot run on a CPU (``.cuda()`` calls, gsplat's CUDA
-  rasterizer, an LPIPS download), so the baseline is the same preset with ``semantics=False``,
-  which builds :class:`rh3dgs.nerfstudio.splatfacto_native.SplatfactoNativeModel` (the class the rh3dgs
-  model extends): splatfacto's parameters, losses, metrics and densification on rh3dgs's CPU
+  rasterizer, an LPIPS download), so the baseline is ``splatfacto-native-lite``, the same preset without
+  semantics: :class:`rh3dgs.nerfstudio.splatfacto_native.SplatfactoNativeModel` (the class the rh3dgs
+  model extends), splatfacto's parameters, losses, metrics and densification on rh3dgs's CPU
   rasterizer; no latents, decoder or teacher. Labelled "splatfacto (CPU port: rh3dgs model,
   semantics off)".
 
@@ -101,9 +101,9 @@ def make_data(root: Path, views: int = VIEWS, size: int = SIZES[0], density: flo
 
 def method_config(method: str, data: Path, out: Path, device: str, iters: int):
     """nerfstudio TrainerConfig of ``method`` ("rh3dgs" or "splatfacto") on ``device``."""
-    from rh3dgs.nerfstudio.config import make_optimizers, rh3dgs_lite_config
+    from rh3dgs.nerfstudio.config import make_optimizers, rh3dgs_lite_config, splatfacto_native_lite_config
 
-    c = rh3dgs_lite_config()
+    c = splatfacto_native_lite_config() if method == "splatfacto" and device != "cuda" else rh3dgs_lite_config()
     c.pipeline.model.max_init_points = None  # same seed points as splatfacto
     if method == "splatfacto" and device == "cuda":
         from nerfstudio.configs.method_configs import method_configs
@@ -115,9 +115,7 @@ def method_config(method: str, data: Path, out: Path, device: str, iters: int):
             if f.name != "_target":
                 setattr(c.pipeline.model, f.name, getattr(ours, f.name))
         c.optimizers = {k: v for k, v in make_optimizers(steps).items() if k not in ("latents", "decoder")}
-    elif method == "splatfacto":
-        c.pipeline.model.semantics = False
-    elif method != "rh3dgs":
+    elif method not in ("rh3dgs", "splatfacto"):
         raise ValueError(f"unknown method {method!r}")
     if method == "rh3dgs" or device != "cuda":
         c.pipeline.datamanager.teacher_cache_dir = out / "teacher_cache"
