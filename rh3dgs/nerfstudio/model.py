@@ -191,7 +191,7 @@ class Rh3dgsModel(SplatfactoNativeModel):
                 raise ConfigError("rh3dgs: init='lift' needs the training cameras at one image size (pinhole); "
                                   "this dataset's differ: use --pipeline.model.init random")
             g = self.gaussians_for_render(detach=True)
-            lat0, dec0, res = initial_field(g, cameras.to(dev), list(teacher_maps), d, cfg.lift)
+            lat0, dec0, res = initial_field(g, cameras.to(dev), list(teacher_maps), d, cfg.lift, progress=True)
             lat[:, : lat0.shape[1]] = lat0.to(dev)  # D < d: the lift's latents have D columns
             dec[:, : dec0.shape[1]] = dec0.to(dev)
             CONSOLE.log(f"rh3dgs: latents and decoder initialised by the lift ({res.info['valid']}/{len(g)} "
