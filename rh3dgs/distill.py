@@ -161,6 +161,21 @@ def _pca_start(views: FixedViews, teacher_maps: TeacherMaps, cfg: DistillConfig,
     return latents, decoder, ranks.total(ones.grad[:, 0].detach()) >= cfg.min_weight
 
 
+def _start(gaussians: Gaussians, cameras: Cameras, teacher_maps: TeacherMaps, cfg: DistillConfig, init_lift,
+           views: FixedViews, gen: torch.Generator, ranks: "_Ranks", lift_checkpoint: Optional[Path]):
+    """The initial latents, decoder, validity and lift result (None with init="pca") of :func:`distill`."""
+    dev = gaussians.device
+    if cfg.init == "pca":
+        return (*_pca_start(views, teacher_maps, cfg, gen, ranks), None)
+    if init_lift is None:
+        latents0, decoder0, lift_res = initial_field(gaussians, cameras, teacher_maps, cfg.latent_dim, cfg.lift,
+                                                     distributed=ranks.group is not None, checkpoint=lift_checkpoint)
+    else:
+        lift_res = init_lift
+        latents0, decoder0 = lift_res.latents, lift_res.decoder
+    return latents0.to(dev), decoder0, lift_res.valid.to(dev), lift_res
+
+
 def distill(
     gaussians: Gaussians,
     cameras: Cameras,
@@ -197,35 +212,14 @@ def distill(
     if cfg.view_order is not None and max(cfg.view_order) >= B:
         raise ConfigError(f"DistillConfig.view_order names view {max(cfg.view_order)}, there are {B}")
     ranks = _Ranks(current() if distributed is not False else None, B)
-    if views is None:
-        views = fixed_views(gaussians, ranks.cameras(cameras), cfg.tile_size)
-    elif len(views) != B or len(views.gaussians) != N:
-        raise ConfigError(f"distill: views= holds {len(views)} views of {len(views.gaussians)} Gaussians, "
-                          f"not {B} x {N}")
-    else:
-        ranks.index_all()  # the caller's views of every camera: a view's row is its index
-    saved = None
-    if checkpoint is not None:
-        key = fingerprint(gaussians.means, gaussians.quats, gaussians.scales, gaussians.opacities, gaussians.sh0,
-                          cameras.viewmats, cameras.Ks, (cameras.width, cameras.height), B, repr(cfg),
-                          None if init_lift is None else init_lift.latents)
-        saved = _Checkpoints(Path(checkpoint) / "distill", key, ranks.group, cfg.checkpoint_every)
+    views = ranks.fixed_views(views, gaussians, cameras, cfg.tile_size)  # this process's views
+    saved = None if checkpoint is None else _Checkpoints.of(Path(checkpoint), gaussians, cameras, cfg, init_lift, ranks)
     state = saved.load(dev) if saved is not None else None
-    lift_res = None
     if state is not None:
-        latents0, decoder0, valid = state["raw"], state["decoder"], state["valid"]
-    elif cfg.init == "lift":
-        if init_lift is None:
-            latents0, decoder0, lift_res = initial_field(
-                gaussians, cameras, teacher_maps, cfg.latent_dim, cfg.lift, distributed=ranks.group is not None,
-                checkpoint=None if checkpoint is None else Path(checkpoint) / "lift")
-        else:
-            lift_res = init_lift
-            latents0, decoder0 = lift_res.latents, lift_res.decoder
-        valid = lift_res.valid.to(dev)
-        latents0 = latents0.to(dev)
+        latents0, decoder0, valid, lift_res = state["raw"], state["decoder"], state["valid"], None
     else:
-        latents0, decoder0, valid = _pca_start(views, teacher_maps, cfg, gen, ranks)
+        latents0, decoder0, valid, lift_res = _start(gaussians, cameras, teacher_maps, cfg, init_lift, views, gen,
+                                                     ranks, None if checkpoint is None else Path(checkpoint) / "lift")
     t_init = time.perf_counter() - t0
 
     d = latents0.shape[1]
@@ -274,7 +268,7 @@ def distill(
                                     decoder, teacher, torch.stack([regions[i] for i in mine]) if objective.uses_regions
                                     else None, totals=ranks.totals(idx))
         l_sem = float(loss.detach())
-        lc = objective.contrast(step, lat, decoder, means, subset=valid_idx, colors=colors) if ranks.is_main else \
+        lc = objective.lic_loss(step, lat, decoder, means, subset=valid_idx, colors=colors) if ranks.is_main else \
             lat.new_zeros(())  # LIC reads the latents only (every rank has them): counted once, on rank 0
         loss = loss + lc
         if loss.requires_grad:
@@ -320,11 +314,17 @@ class _Ranks:
     def is_main(self) -> bool:
         return self.group is None or self.group.is_main
 
-    def cameras(self, cameras: Cameras) -> Cameras:
-        return cameras if self.group is None else cameras[self.own]
-
-    def index_all(self) -> None:
+    def fixed_views(self, views: Optional[FixedViews], gaussians: Gaussians, cameras: Cameras,
+                    tile_size: int) -> FixedViews:
+        """The caller's ``views`` of every camera (a view's row is then its index), else this process's own."""
+        B, N = len(cameras), len(gaussians)
+        if views is None:
+            return fixed_views(gaussians, cameras if self.group is None else cameras[self.own], tile_size)
+        if len(views) != B or len(views.gaussians) != N:
+            raise ConfigError(f"distill: views= holds {len(views)} views of {len(views.gaussians)} Gaussians, "
+                              f"not {B} x {N}")
         self.offset = 0
+        return views
 
     def mine(self, idx: List[int]) -> List[int]:
         return idx if self.group is None else [i for i in idx if self.start <= i < self.end]
@@ -407,6 +407,15 @@ class _Checkpoints:
     def __init__(self, folder: Path, key: str, group: Optional[DistInfo], every: int):
         self.store = ResumeFolder(folder, key, group)
         self.every = int(every)
+
+    @classmethod
+    def of(cls, folder: Path, gaussians: Gaussians, cameras: Cameras, cfg: DistillConfig, init_lift,
+           ranks: _Ranks) -> "_Checkpoints":
+        """The checkpoints of this job (its inputs' and settings' fingerprint) in ``folder / "distill"``."""
+        key = fingerprint(gaussians.means, gaussians.quats, gaussians.scales, gaussians.opacities, gaussians.sh0,
+                          cameras.viewmats, cameras.Ks, (cameras.width, cameras.height), len(cameras), repr(cfg),
+                          None if init_lift is None else init_lift.latents)
+        return cls(folder / "distill", key, ranks.group, cfg.checkpoint_every)
 
     def due(self, step: int, steps: int) -> bool:
         return self.every > 0 and step < steps and step % self.every == 0

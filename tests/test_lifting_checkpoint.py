@@ -14,17 +14,17 @@ def test_a_stopped_lift_resumes_after_its_last_pass(tmp_path, monkeypatch):
     gs, cams, maps = random_lift_scene(n=400, views=4, size=32, D=8, seed=5)
     cfg = LiftConfig(iters=4, tol=0.0, latent_dim=4)
     full = lift(gs, cams, maps, cfg, progress=False)
-    aggregate = LiftViews.aggregate
+    irls_pass = LiftViews.irls_pass
 
-    def stop_in_pass_3(self, mode, *args, **kwargs):
-        if "pass 3" in str(args[2] if len(args) > 2 else kwargs.get("description", "")):
+    def stop_in_pass_3(self, mu, delta, description, *args, **kwargs):
+        if "pass 3" in description:
             raise KeyboardInterrupt
-        return aggregate(self, mode, *args, **kwargs)
+        return irls_pass(self, mu, delta, description, *args, **kwargs)
 
-    monkeypatch.setattr(LiftViews, "aggregate", stop_in_pass_3)
+    monkeypatch.setattr(LiftViews, "irls_pass", stop_in_pass_3)
     with pytest.raises(KeyboardInterrupt):
         lift(gs, cams, maps, cfg, progress=False, checkpoint=tmp_path)
-    monkeypatch.setattr(LiftViews, "aggregate", aggregate)
+    monkeypatch.setattr(LiftViews, "irls_pass", irls_pass)
     assert sorted(p.name for p in tmp_path.glob("pass-*.json")) == ["pass-002.json"]  # older passes deleted
     again = lift(gs, cams, maps, cfg, progress=False, checkpoint=tmp_path)
     assert again.info["resumed_after_pass"] == 2 and again.info["passes"] == full.info["passes"] == 5

@@ -29,10 +29,10 @@ The algorithm (:func:`lift`):
    (:func:`rh3dgs.lifting.fill.fill_from_neighbours`).
 5. **Decoder**: uncentred weighted PCA of the features (:func:`pca_decoder`): latents and a linear decoder.
 
-Each pass is one call of :meth:`rh3dgs.lifting.views.LiftViews.aggregate`, which streams the views (teacher
-maps at any resolution, upsampled guided by the render's colours (``LiftConfig.guided``), renders,
-VCD pixel weights) and keeps what fits between passes; nothing is
-stored per (pixel, Gaussian) pair beyond those caches.
+Each pass is one call of :meth:`rh3dgs.lifting.views.LiftViews.initial_pass` or ``irls_pass``, which streams
+the views (teacher maps at any resolution, upsampled guided by the render's colours (``LiftConfig.guided``),
+renders, VCD pixel weights) and keeps what fits between passes; nothing is stored per (pixel, Gaussian) pair
+beyond those caches.
 
 Past one process (:mod:`rh3dgs.lifting.shard`): each rank of a ``torch.distributed`` group renders its share of the
 views over the Gaussians they see, and once per pass the sums go to the rank owning each block of Gaussians, which
@@ -197,53 +197,8 @@ def lift(
     state = saved.load(gaussians.device) if saved is not None else None
     # the view stream and its caches across passes
     views = LiftViews(shard.scene(gaussians), shard.cameras(cameras), shard.maps(teacher_maps), cfg)
-    show = progress and shard.is_main
-    pass_seconds: List[float] = []  # each pass run here: its views, the combination, the owners' update
-    if state is None:
-        t_pass = time.perf_counter()
-        weight, acc_v, mass = shard.combine(views.aggregate("init", description=shard.label("lift: initial mean"),
-                                                            progress=show))
-        visibility = weight / mass.clamp_min(1e-30)
-        valid = (weight >= cfg.min_weight) & (visibility >= cfg.min_visibility)
-        mu = torch.nn.functional.normalize(acc_v, dim=-1) * valid[:, None]
-        del acc_v, mass
-        active = valid.clone()  # Gaussians still moving: each one's IRLS depends on its own mean only
-        prev: Optional[Tensor] = None  # the previous pass's step lengths, when that pass was not extrapolated
-        steps: List[float] = []
-        done = cfg.method == "euclidean" or cfg.iters == 0
-        pass_seconds.append(time.perf_counter() - t_pass)
-        if saved is not None:
-            saved.save(0, steps, done, mu=mu, weight=weight, visibility=visibility, observed=valid, active=active)
-    else:  # resumed after pass state["pass"]
-        mu, weight, visibility, valid = state["mu"], state["weight"], state["visibility"], state["observed"]
-        active, prev, steps, done = state["active"], state["prev"], state["steps"], state["done"]
-    if cfg.method != "euclidean" and not done:
-        delta = cfg.delta if cfg.method == "robust" else math.inf
-        for it in range(len(steps), cfg.iters):
-            t_pass = time.perf_counter()
-            acc_w, acc_v, _ = shard.combine(views.aggregate("irls", shard.spread(mu), delta,
-                                                            shard.label(f"lift: IRLS pass {it + 1}"), show,
-                                                            shard.spread(active)), keep=2)
-            step = acc_v.div_(acc_w.clamp_min(1e-12)[:, None]).mul_(active[:, None])  # in place: N x D floats each
-            del acc_v
-            norms = step.norm(dim=-1)
-            if cfg.extrapolate and prev is not None:  # every second pass: the end of each one's geometric series
-                step.mul_(aitken_factor(norms, prev, cfg.max_rate)[:, None])
-                prev = None
-            else:
-                prev = norms
-            mu = sphere_exp_(mu, step).mul_(valid[:, None])
-            q_step = shard.quantile(norms, valid, cfg.tol_quantile)
-            steps.append(q_step)
-            done = q_step < cfg.tol or it + 1 == cfg.iters
-            if not done:
-                active &= norms >= cfg.tol  # converged (step below tol): it stops here, the others go on
-            pass_seconds.append(time.perf_counter() - t_pass)
-            if saved is not None:
-                saved.save(it + 1, steps, done, mu=mu, weight=weight, visibility=visibility, observed=valid,
-                           active=active, prev=prev)
-            if done:
-                break
+    mu, weight, visibility, valid, steps, pass_seconds = _passes(views, shard, cfg, saved, state,
+                                                                 progress and shard.is_main)
     view_info = views.release()  # before the PCA's N x D temporaries
     observed = valid
     filled = torch.zeros_like(valid)
@@ -276,6 +231,58 @@ def lift(
     if state is not None:
         info["resumed_after_pass"] = int(state["pass"])
     return LiftResult(mu, weight, visibility, valid, latents, decoder, info, filled, rows)
+
+
+def _passes(views: LiftViews, shard: LiftShard, cfg: LiftConfig, saved: Optional[PassCheckpoint],
+            state: Optional[dict], show: bool) -> tuple:
+    """Steps 1-3 of :func:`lift` over this process's block (after ``state``'s pass when resumed), each pass saved
+    to ``saved``: ``(mu, weight, visibility, observed, steps, seconds per pass)``."""
+    pass_seconds: List[float] = []  # each pass run here: its views, the combination, the owners' update
+    if state is None:
+        t_pass = time.perf_counter()
+        weight, acc_v, mass = shard.combine(views.initial_pass(shard.label("lift: initial mean"), show))
+        visibility = weight / mass.clamp_min(1e-30)
+        valid = (weight >= cfg.min_weight) & (visibility >= cfg.min_visibility)
+        mu = torch.nn.functional.normalize(acc_v, dim=-1) * valid[:, None]
+        del acc_v, mass
+        active = valid.clone()  # Gaussians still moving: each one's IRLS depends on its own mean only
+        prev: Optional[Tensor] = None  # the previous pass's step lengths, when that pass was not extrapolated
+        steps: List[float] = []
+        done = cfg.method == "euclidean" or cfg.iters == 0
+        pass_seconds.append(time.perf_counter() - t_pass)
+        if saved is not None:
+            saved.save(0, steps, done, mu=mu, weight=weight, visibility=visibility, observed=valid, active=active)
+    else:  # resumed after pass state["pass"]
+        mu, weight, visibility, valid = state["mu"], state["weight"], state["visibility"], state["observed"]
+        active, prev, steps, done = state["active"], state["prev"], state["steps"], state["done"]
+    if cfg.method != "euclidean" and not done:
+        delta = cfg.delta if cfg.method == "robust" else math.inf
+        for it in range(len(steps), cfg.iters):
+            t_pass = time.perf_counter()
+            acc_w, acc_v, _ = shard.combine(views.irls_pass(shard.spread(mu), delta, shard.label(f"lift: IRLS pass "
+                                                                                                f"{it + 1}"), show,
+                                                            shard.spread(active)), keep=2)
+            step = acc_v.div_(acc_w.clamp_min(1e-12)[:, None]).mul_(active[:, None])  # in place: N x D floats each
+            del acc_v
+            norms = step.norm(dim=-1)
+            if cfg.extrapolate and prev is not None:  # every second pass: the end of each one's geometric series
+                step.mul_(aitken_factor(norms, prev, cfg.max_rate)[:, None])
+                prev = None
+            else:
+                prev = norms
+            mu = sphere_exp_(mu, step).mul_(valid[:, None])
+            q_step = shard.quantile(norms, valid, cfg.tol_quantile)
+            steps.append(q_step)
+            done = q_step < cfg.tol or it + 1 == cfg.iters
+            if not done:
+                active &= norms >= cfg.tol  # converged (step below tol): it stops here, the others go on
+            pass_seconds.append(time.perf_counter() - t_pass)
+            if saved is not None:
+                saved.save(it + 1, steps, done, mu=mu, weight=weight, visibility=visibility, observed=valid,
+                           active=active, prev=prev)
+            if done:
+                break
+    return mu, weight, visibility, valid, steps, pass_seconds
 
 
 def _subspace_basis(teacher_maps: TeacherMaps, k: int, views: int, device: torch.device,

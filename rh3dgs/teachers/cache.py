@@ -53,7 +53,8 @@ from ..io.atomic import atomic_save_bytes, atomic_save_json
 from ..progress import track
 from .base import Teacher
 
-__all__ = ["extract_features", "read_cached", "teacher_cache_dir", "cached_teachers", "file_sha256", "MANIFEST_NAME"]
+__all__ = ["extract_features", "read_stored_map", "teacher_cache_dir", "cached_teachers", "file_sha256",
+           "MANIFEST_NAME"]
 
 MANIFEST_NAME = "manifest.json"
 _PART_GLOB = "manifest.rank*.json"  # per-rank journals of a distributed run
@@ -301,11 +302,12 @@ def extract_features(teacher: Teacher, image_paths: Sequence[PathLike], cache_di
     return [folder / f"{e}.npy" for e in entries]
 
 
-def read_cached(path: PathLike) -> torch.Tensor:
-    """Read a cached map as stored -> ``[h, w, D]`` float32 (the teacher's resolution, float16-rounded).
+def read_stored_map(path: PathLike) -> torch.Tensor:
+    """A cache entry exactly as stored -> ``[h, w, D]`` float32: the teacher's resolution, float16-rounded rows that
+    are not quite unit vectors. Checks the file (:class:`~rh3dgs.errors.FeatureFormatError` naming it).
 
-    Every problem raises :class:`~rh3dgs.errors.FeatureFormatError` naming the file. Consumers use
-    :func:`rh3dgs.teachers.maps.load_cached`, which also renormalises (and resizes).
+    The cache's own reader; consumers use :func:`rh3dgs.teachers.maps.load_cached`, the map ready for use (rows
+    renormalised to unit vectors, optionally resized to the image).
     """
     path = Path(path)
     if not path.is_file():
