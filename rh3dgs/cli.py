@@ -615,15 +615,15 @@ class Distill:
     the same command resumes from the last checkpoint (--checkpoint-every steps)."""
 
     scene: ScenePath
-    """3DGS PLY (INRIA layout), in the frame of the dataset's cameras (or see --frame)"""
+    """3DGS PLY (INRIA layout) in the dataset's frame (or see --frame)"""
     data: Annotated[str, arg(metavar="PATH")]
     """dataset folder with transforms.json (and features/)"""
     output: Output
     """semantic scene folder to write"""
     frame: Literal["auto", "data", "nerfstudio", "capture"] = "auto"
-    """frame of the PLY (auto: detected, rh3dgs.io.coordinate_frames); nerfstudio = ns-export's"""
+    """frame of the PLY (auto: detected; nerfstudio: ns-export's)"""
     config: Annotated[Optional[str], arg(metavar="YAML")] = None
-    """YAML preset of DistillConfig (objective: and lift: as mappings) that the options given here override"""
+    """YAML preset of the distillation's settings (objective: and lift: as mappings); options given here win"""
     distill: Annotated[DistillOptions, arg(name="")] = field(default_factory=DistillOptions)
     teacher: Teacher = field(default_factory=TeacherOptions)
     images: Images = field(default_factory=ImageOptions)
