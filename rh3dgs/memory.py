@@ -49,6 +49,8 @@ __all__ = [
     "parse_size",
     "format_bytes",
     "check_memory",
+    "PARSED_TEXT_FACTOR",
+    "read_text_sized",
 ]
 
 SizeLike = Union[int, float, str, None]
@@ -217,3 +219,19 @@ def feature_map_bytes(shape: Sequence[int], itemsize: int) -> int:
     for s in shape:
         count *= max(0, int(s))
     return count * (int(itemsize) + (4 if itemsize != 4 else 0) + 1 + 8)
+
+
+#: Peak bytes of Python objects per byte of JSON / YAML text parsed (``json.loads``, ``yaml.load``): a list of
+#: floats ``0.123,`` holds a 24-byte float and an 8-byte pointer per 6 bytes of text (~5x); the worst short
+#: tokens (``[],`` -> a 56-byte list) reach ~20x.
+PARSED_TEXT_FACTOR = 24
+
+
+def read_text_sized(path: Union[str, os.PathLike], what: str, factor: int = PARSED_TEXT_FACTOR) -> str:
+    """The UTF-8 text of ``path`` (a JSON / YAML file to parse), after checking ``factor`` x its size against
+    the budget (:func:`check_memory`): a multi-gigabyte transforms.json or config.yml is refused from its
+    size, before it is read or parsed. Raises OSError / UnicodeDecodeError as ``Path.read_text`` does."""
+    size = os.stat(path).st_size
+    check_memory(size * factor, f"{path}: parsing {what} of {format_bytes(size)}",
+                 detail=f"~{factor} bytes of parsed objects per byte of text")
+    return Path(path).read_text(encoding="utf-8")

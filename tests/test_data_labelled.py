@@ -84,7 +84,7 @@ def test_errors_name_the_file(labelled, tmp_path):
     np.save(depth, np.zeros((4, 3), np.float32))
     _expect(bad, r"depth shape \[4, 3\] != mask shape \[3, 4\]", depth, lambda ds: ds.arrays(ds.stems))
     depth.write_bytes(b"\x93NUMPY garbage")
-    _expect(bad, "cannot read depth", depth, lambda ds: ds.arrays(ds.stems))
+    _expect(bad, "cannot read the depth map", depth, lambda ds: ds.arrays(ds.stems))
     depth.unlink()
     _expect(bad, r"missing depth map \(for a test\)", depth, lambda ds: ds.depth("frame_00000", why="for a test"))
     (bad / "classes.txt").write_text("a\nb\na\n")

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ..errors import InputFileError
-from ..io.npy import NPY_READ_ERRORS
+from ..io.npy import load_npy
 
 __all__ = ["BACKGROUND", "LabelledDataset"]
 
@@ -107,10 +107,7 @@ class LabelledDataset:
         path = self.root / "depth" / f"{stem}.npy"
         if not path.is_file():
             raise InputFileError(path, f"missing depth map{f' ({why})' if why else ''}")
-        try:
-            d = np.load(path, allow_pickle=False)
-        except NPY_READ_ERRORS as exc:
-            raise InputFileError(path, f"cannot read depth .npy: {exc}") from None
+        d = load_npy(path, InputFileError, "depth map")
         if not isinstance(d, np.ndarray) or d.ndim != 2 or d.dtype.kind not in "fiu":
             raise InputFileError(path, f"depth must be a 2-D numeric array, got {getattr(d, 'dtype', type(d))} "
                                        f"{list(getattr(d, 'shape', []))}")

@@ -36,7 +36,7 @@ from torch import Tensor
 from ..cameras import Cameras
 from ..errors import InputFileError
 from ..gaussians import Gaussians
-from .npy import NPY_READ_ERRORS
+from .npy import load_npz
 
 __all__ = ["SceneData", "save_scene", "read_scene", "read_scene_folder", "SCENE_FORMAT"]
 
@@ -257,18 +257,9 @@ def _read_field(fpath: Path, ply_path: Path, data: SceneData, device) -> None:
 
 
 def _read_npz(fpath: Path) -> Dict[str, np.ndarray]:
-    """Every array of an .npz, read eagerly; any corruption -> InputFileError naming the file."""
-    try:
-        with np.load(fpath, allow_pickle=False) as z:
-            if not isinstance(z, np.lib.npyio.NpzFile):  # pragma: no cover - np.load returns arrays for .npy
-                raise InputFileError(fpath, "is not an .npz archive")
-            return {k: z[k] for k in z.files}
-    except InputFileError:
-        raise
-    except AttributeError:  # np.load returned a plain array (.npy bytes): no context manager / files
-        raise InputFileError(fpath, "is an .npy array, expected an .npz archive (decoder, valid, text_*)") from None
-    except NPY_READ_ERRORS + (NotImplementedError, RuntimeError) as exc:
-        raise InputFileError(fpath, f"cannot be read as .npz ({type(exc).__name__}: {exc})") from None
+    """Every array of an .npz, each member's size checked from its header first (rh3dgs.io.npy); any
+    corruption -> InputFileError naming the file."""
+    return load_npz(fpath, InputFileError, "scene field")
 
 
 def _field_array(fpath: Path, arrays: Dict[str, np.ndarray], key: str, ndim: int, kinds: str = "fiu") -> np.ndarray:

@@ -8,6 +8,9 @@ Registered through the ``nerfstudio.method_configs`` entry point (see setup.py):
 Without the entry point installed, ``NERFSTUDIO_METHOD_CONFIGS`` works too::
 
     NERFSTUDIO_METHOD_CONFIGS="rh3dgs=rh3dgs.nerfstudio.config:rh3dgs_method,rh3dgs-lite=rh3dgs.nerfstudio.config:rh3dgs_lite_method" ns-train rh3dgs-lite ...
+
+Importing this module installs :mod:`rh3dgs.nerfstudio.run_guard` (nerfstudio's reads of config.yml
+build no arbitrary objects; our errors end in one line).
 """
 from __future__ import annotations
 
@@ -29,6 +32,11 @@ from .dataparser import Rh3dgsDataParserConfig
 from .model import Rh3dgsModelConfig
 from .pipeline import Rh3dgsPipelineConfig
 from .trainer import Rh3dgsTrainerConfig
+from . import run_guard
+
+# nerfstudio imports this module (method discovery) before any ns-* script reads a run's config.yml:
+# from here on that read cannot build arbitrary objects, and our errors print as one line (run_guard)
+run_guard.install()
 
 
 class FloatExponentialDecayScheduler(ExponentialDecayScheduler):

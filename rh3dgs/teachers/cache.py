@@ -11,11 +11,12 @@ Layout::
 teacher's feature file digest), so renaming / moving images keeps their entries and
 editing an image recomputes only that image; identical images share one entry.
 
-Every ``.npy`` is written atomically and its sha256 and size are recorded in the
-manifest. An entry is used only when its file exists and matches the recorded
-checksum; anything else (truncated / corrupt file, file without manifest record after
-a crash) is recomputed. The manifest is rewritten atomically (merged with what is on
-disk, so concurrent runs lose at most some records, which are then recomputed).
+Every ``.npy`` is written atomically and its sha256, size, shape and dtype are recorded in the
+manifest. An entry is used only when its file exists and matches the recorded checksum, size and
+array header (shape ``[h, w, D]`` with the teacher's D); anything else (truncated / corrupt / edited
+file, file without manifest record after a crash) is recomputed. A manifest of a newer cache format
+is refused (one line), never overwritten. The manifest is rewritten atomically (merged with what is
+on disk, so concurrent runs lose at most some records, which are then recomputed).
 
 Data-parallel extraction (``extract_features(..., distributed=True)`` inside an initialised
 ``torch.distributed`` process group, e.g. ``torchrun --nproc_per_node=K -m rh3dgs.cli extract``):
@@ -41,7 +42,7 @@ import numpy as np
 import torch
 
 from ..errors import FeatureFormatError, InputFileError, NonFiniteError, ShapeError
-from ..io.npy import NPY_READ_ERRORS
+from ..io.npy import NPY_READ_ERRORS, load_npy, npy_header
 from ..io.atomic import atomic_save_bytes, atomic_save_json
 from ..progress import track
 from .base import Teacher
@@ -77,7 +78,11 @@ def _read_records(path: Path, key: str) -> Dict[str, Dict[str, Any]]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, UnicodeDecodeError):
         return {}  # absent or unreadable: every entry will be verified / recomputed
-    if not isinstance(data, dict) or data.get("format") != _FORMAT or data.get("teacher_key") != key:
+    version = data.get("format") if isinstance(data, dict) else None
+    if isinstance(version, int) and not isinstance(version, bool) and version > _FORMAT:
+        raise FeatureFormatError(path, f"written by a newer rh3dgs (cache format {version}; this version reads "
+                                       f"{_FORMAT}): use that version, or another --cache folder", field="format")
+    if not isinstance(data, dict) or version != _FORMAT or data.get("teacher_key") != key:
         return {}
     entries = data.get("entries")
     if not isinstance(entries, dict):
@@ -119,15 +124,22 @@ def _part_path(folder: Path, rank: int) -> Path:
     return folder / f"manifest.rank{rank}.json"
 
 
-def _entry_valid(folder: Path, record: Optional[Dict[str, Any]], entry: str) -> bool:
+def _entry_valid(folder: Path, record: Optional[Dict[str, Any]], entry: str, dim: Optional[int] = None) -> bool:
+    """The entry's file is what its manifest record vouches for: the size, the array header (shape [h, w, dim]
+    and dtype as recorded) and the sha256 of its bytes."""
     if not record:
         return False
     path = folder / f"{entry}.npy"
     try:
         if path.stat().st_size != int(record.get("bytes", -1)):
             return False
+        with open(path, "rb") as f:
+            shape, dtype = npy_header(f)
+        if list(shape) != record.get("shape") or dtype.name != record.get("dtype") or len(shape) != 3 \
+                or (dim is not None and shape[-1] != dim):
+            return False
         return file_sha256(path) == record.get("sha256")
-    except (OSError, TypeError, ValueError):
+    except NPY_READ_ERRORS:
         return False
 
 
@@ -213,7 +225,7 @@ def extract_features(teacher: Teacher, image_paths: Sequence[PathLike], cache_di
         first_image.setdefault(e, p)
 
     unique = list(first_image)
-    valid = _map_sharded(lambda e: _entry_valid(folder, manifest.get(e), e), unique, rank, world)
+    valid = _map_sharded(lambda e: _entry_valid(folder, manifest.get(e), e, teacher.dim), unique, rank, world)
     todo: List[str] = []
     invalid = 0
     for e, ok in zip(unique, valid):
@@ -277,9 +289,9 @@ def read_cached(path: PathLike) -> torch.Tensor:
     if not path.is_file():
         raise FeatureFormatError(path, "cached feature file not found (run extract_features first)")
     try:
-        arr = np.load(path, allow_pickle=False)
-    except NPY_READ_ERRORS as e:
-        raise FeatureFormatError(path, f"corrupt cached feature file ({type(e).__name__}: {e}); delete it and "
+        arr = load_npy(path, FeatureFormatError, "cached feature map")  # sized from its header first
+    except FeatureFormatError as e:
+        raise FeatureFormatError(path, f"corrupt cached feature file ({str(e).split(': ', 1)[-1]}); delete it and "
                                        "re-run extract_features") from None
     if not isinstance(arr, np.ndarray) or arr.ndim != 3 or arr.dtype.kind != "f":
         raise FeatureFormatError(path, f"cached features must be a float [h, w, D] array, got "

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from ...cameras import Cameras
-from ...io.npy import NPY_READ_ERRORS
+from ...io.npy import load_npy
 from ...errors import InputFileError
 
 __all__ = ["OVS3DFormatError", "OVS3DScene", "read_poses_bounds", "llff_to_opencv_viewmats", "load_ovs3d"]
@@ -87,10 +87,7 @@ def read_poses_bounds(path: PathLike) -> Tuple[np.ndarray, np.ndarray]:
     p = Path(path)
     if not p.is_file():
         raise OVS3DFormatError(p, "not found (3D-OVS scenes store LLFF poses in poses_bounds.npy)")
-    try:
-        arr = np.load(p, allow_pickle=False)
-    except NPY_READ_ERRORS as exc:
-        raise OVS3DFormatError(p, f"cannot be read as .npy ({exc})") from exc
+    arr = load_npy(p, OVS3DFormatError, "LLFF pose array")
     if arr.ndim != 2 or arr.shape[1] != 17 or arr.shape[0] < 1:
         raise OVS3DFormatError(p, f"must be a float array [N, 17] (3x5 pose + near, far), got shape {list(arr.shape)}",
                                field="shape")
