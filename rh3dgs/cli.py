@@ -156,8 +156,15 @@ def _save_render_pngs(result, names: List[str], out_dir: Path, start: int = 0) -
     return written
 
 
-def _synthetic_sizes(scene: SceneOptions) -> None:
-    """``--views`` / ``--size`` of the synthetic scene: at least 1 view of 8 x 8 pixels, and images that fit."""
+#: bytes of one synthetic view on disk (RGB, mask and instance PNGs at most raw, float32 depth) per pixel, and
+#: per view (headers, its transforms.json entry); in memory while the dataset is written (camera, name, JSON)
+_SYNTH_DISK_PER_PIXEL, _SYNTH_DISK_PER_VIEW, _SYNTH_MEMORY_PER_VIEW = 9, 4096, 2048
+
+
+def _synthetic_sizes(scene: SceneOptions, output) -> None:
+    """``--views`` / ``--size`` of the synthetic scene: at least 1 view of 8 x 8 pixels, images and a list of views
+    that fit in memory, and a dataset that fits on the output's disk (``synth --views 10000000`` stops here)."""
+    from .io.outputs import check_disk_space
     from .memory import check_memory, image_memory_estimate
 
     views, size = scene.num_views, scene.image_size
@@ -165,8 +172,11 @@ def _synthetic_sizes(scene: SceneOptions) -> None:
         raise ConfigError(f"--views {views}: the synthetic scene needs at least 1 view")
     if size < 8:
         raise ConfigError(f"--size {size}: images of at least 8 x 8 pixels")
-    check_memory(image_memory_estimate(size, size), f"{size}x{size} synthetic images",
-                 knobs=["--size N (smaller images)"])
+    total = views + max(0, scene.heldout_views)
+    check_memory(image_memory_estimate(size, size) + total * _SYNTH_MEMORY_PER_VIEW,
+                 f"{total} synthetic views of {size}x{size}", knobs=["--size N (smaller images)", "--views N (fewer)"])
+    check_disk_space(output, total * (_SYNTH_DISK_PER_PIXEL * size * size + _SYNTH_DISK_PER_VIEW),
+                     f"a synthetic dataset of {total} views of {size}x{size}")
 
 
 @dataclass
@@ -181,7 +191,7 @@ class Synth:
     def main(self) -> int:
         from .data.synthetic import make_scene, write_dataset
 
-        _synthetic_sizes(self.scene)
+        _synthetic_sizes(self.scene, self.output)
         scene = make_scene(self.scene.config())
         paths = write_dataset(scene, prepare_output_dir(self.output, self.overwrite))
         print(f"wrote a synthetic dataset with {len(scene.gaussians)} Gaussians, {len(scene.cameras)} views, "
@@ -246,7 +256,7 @@ class Demo:
         from .rendering import render
 
         t0 = time.time()
-        _synthetic_sizes(self.scene)
+        _synthetic_sizes(self.scene, self.output)
         out = prepare_output_dir(self.output, self.overwrite)
         # held-out views score the semantic answers
         scene = make_scene(self.scene.config(heldout_views=0 if self.no_semantic else 4))

@@ -227,11 +227,17 @@ def feature_map_bytes(shape: Sequence[int], itemsize: int) -> int:
 PARSED_TEXT_FACTOR = 24
 
 
-def read_text_sized(path: Union[str, os.PathLike], what: str, factor: int = PARSED_TEXT_FACTOR) -> str:
+def read_text_sized(path: Union[str, os.PathLike], what: str, factor: int = PARSED_TEXT_FACTOR,
+                    encoding: str = "utf-8") -> str:
     """The UTF-8 text of ``path`` (a JSON / YAML file to parse), after checking ``factor`` x its size against
     the budget (:func:`check_memory`): a multi-gigabyte transforms.json or config.yml is refused from its
-    size, before it is read or parsed. Raises OSError / UnicodeDecodeError as ``Path.read_text`` does."""
+    size, before it is read or parsed. Raises OSError / UnicodeDecodeError as ``Path.read_text`` does.
+
+    Example::
+
+        meta = json.loads(read_text_sized("scene/rh3dgs.json", "a scene description"))
+    """
     size = os.stat(path).st_size
     check_memory(size * factor, f"{path}: parsing {what} of {format_bytes(size)}",
                  detail=f"~{factor} bytes of parsed objects per byte of text")
-    return Path(path).read_text(encoding="utf-8")
+    return Path(path).read_text(encoding=encoding)

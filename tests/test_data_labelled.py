@@ -78,7 +78,7 @@ def test_errors_name_the_file(labelled, tmp_path):
     Image.fromarray(np.zeros((3, 4, 3), np.uint8)).save(mask)
     _expect(bad, "single-channel integer image", mask)
     mask.write_bytes(b"not a png")
-    _expect(bad, "cannot be read as an image", mask)
+    _expect(bad, "cannot read image", mask)
     shutil.copy(labelled / "masks" / "frame_00000.png", mask)
     depth = bad / "depth" / "frame_00000.npy"
     np.save(depth, np.zeros((4, 3), np.float32))

@@ -80,13 +80,10 @@ class LabelledDataset:
 
     def _label_png(self, path: Path, num_labels: Optional[int]) -> np.ndarray:
         """A single-channel label PNG as int64; values must be < num_labels or BACKGROUND (None: any)."""
-        from PIL import Image, UnidentifiedImageError
+        from ..io.images import open_image
 
-        try:
-            with Image.open(path) as im:
-                m = np.array(im)
-        except (OSError, UnidentifiedImageError, ValueError) as exc:
-            raise InputFileError(path, f"cannot be read as an image ({exc})") from None
+        with open_image(path) as im:
+            m = np.array(im)
         if m.ndim != 2 or m.dtype.kind not in "iub":
             raise InputFileError(path, f"label mask must be a single-channel integer image, got {m.dtype} "
                                        f"{list(m.shape)}")

@@ -29,7 +29,8 @@ from typing import Iterable, List, Optional, Union
 from ..errors import ConfigError
 from .atomic import check_replaceable
 
-__all__ = ["check_output_file", "check_output_dir", "prepare_output_dir", "check_not_input", "scene_inputs"]
+__all__ = ["check_output_file", "check_output_dir", "prepare_output_dir", "check_not_input", "scene_inputs",
+           "check_disk_space"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -117,6 +118,30 @@ def prepare_output_dir(path: PathLike, overwrite: bool, inputs: Iterable[Optiona
     out = check_output_dir(path, overwrite, inputs)
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+def check_disk_space(path: PathLike, need: float, what: str) -> None:
+    """Raise :class:`ConfigError` (one line) if the file system that will hold ``path`` (or its nearest existing
+    parent) has less than ``need`` bytes free: a job whose outputs cannot fit is refused before it starts.
+
+    Example::
+
+        check_disk_space("out/data", 2e12, "a synthetic dataset of 10000000 views")   # ConfigError: ... free
+    """
+    import shutil
+
+    from ..memory import format_bytes
+
+    where = next((p for p in (Path(path), *Path(path).absolute().parents) if p.exists()), None)
+    if where is None:
+        return
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        return  # the writer reports what the system refuses
+    if need > free:
+        raise ConfigError(f"{path}: {what} needs ~{format_bytes(need)} on disk, the file system of {where} has "
+                          f"{format_bytes(free)} free")
 
 
 def scene_inputs(path: PathLike) -> List[Path]:

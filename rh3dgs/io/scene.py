@@ -36,6 +36,7 @@ from torch import Tensor
 from ..cameras import Cameras
 from ..errors import InputFileError
 from ..gaussians import Gaussians
+from ..memory import read_text_sized
 from .npy import load_npz
 
 __all__ = ["SceneData", "save_scene", "read_scene", "read_scene_folder", "SCENE_FORMAT"]
@@ -182,7 +183,7 @@ def read_scene_folder(path: PathLike, device: Union[str, torch.device] = "cpu") 
 
 def _read_meta(meta_path: Path) -> dict:
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        meta = json.loads(read_text_sized(meta_path, "a scene description"))
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # JSONDecodeError, int digit limit
         raise InputFileError(meta_path, f"is not valid JSON ({exc})") from None
     except OSError as exc:

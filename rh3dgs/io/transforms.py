@@ -61,6 +61,7 @@ import torch
 
 from ..cameras import OPENGL_TO_OPENCV, Cameras
 from ..errors import CameraFormatError, ConfigError, NonFiniteError, ShapeError
+from ..memory import read_text_sized
 from .atomic import atomic_save_json
 
 __all__ = ["load_transforms", "save_transforms", "ImageOptions", "SUPPORTED_CAMERA_MODELS"]
@@ -202,7 +203,7 @@ def _read_json(path: Path) -> Any:
 
 def _read_json_text(path: Path) -> Tuple[Any, str]:
     try:
-        text = path.read_text(encoding="utf-8-sig")
+        text = read_text_sized(path, "a transforms.json", encoding="utf-8-sig")  # its size checked first
     except UnicodeDecodeError as e:
         raise CameraFormatError(path, f"not UTF-8 text (byte {e.start}); is this a JSON file?") from e
     except OSError as e:
@@ -475,15 +476,12 @@ def _missing_images(path: Path, image_paths: Sequence[Path], missing: Sequence[i
 
 def _check_image_sizes(path: Path, image_paths: Sequence[Path], size: Tuple[int, int], index: Sequence[int],
                        downscaled: bool = False) -> None:
-    from PIL import Image, UnidentifiedImageError
+    from .images import open_image
 
     for i, ip in zip(index, image_paths):
         field = f"frames[{i}].file_path"
-        try:
-            with Image.open(ip) as im:  # reads the header only
-                actual = im.size
-        except (UnidentifiedImageError, OSError, ValueError) as e:
-            raise CameraFormatError(path, f"cannot read image {ip}: {e}", field=field) from e
+        with open_image(ip, lambda p, m: CameraFormatError(path, f"image {p}: {m}", field=field)) as im:
+            actual = im.size  # the header only
         if actual != size:
             want = "w // N x h // N" if downscaled else "w x h"
             raise CameraFormatError(

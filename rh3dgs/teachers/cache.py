@@ -44,6 +44,7 @@ import torch
 from ..errors import FeatureFormatError, InputFileError, NonFiniteError, ShapeError
 from ..io.npy import NPY_READ_ERRORS, load_npy, npy_header
 from ..io.atomic import atomic_save_bytes, atomic_save_json
+from ..memory import read_text_sized
 from ..progress import track
 from .base import Teacher
 
@@ -75,8 +76,8 @@ def teacher_cache_dir(teacher: Teacher, cache_dir: PathLike) -> Path:
 
 def _read_records(path: Path, key: str) -> Dict[str, Dict[str, Any]]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
+        data = json.loads(read_text_sized(path, "a cache manifest"))
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
         return {}  # absent or unreadable: every entry will be verified / recomputed
     version = data.get("format") if isinstance(data, dict) else None
     if isinstance(version, int) and not isinstance(version, bool) and version > _FORMAT:

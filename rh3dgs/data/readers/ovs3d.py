@@ -142,14 +142,11 @@ def _read_classes(path: Path) -> List[str]:
 
 
 def _read_mask(path: Path) -> np.ndarray:
-    from PIL import Image, UnidentifiedImageError
+    from ...io.images import open_image
 
-    try:
-        with Image.open(path) as im:
-            im.load()
-            a = np.array(im.convert("L") if im.mode not in ("L", "1", "I", "I;16") else im)
-    except (OSError, UnidentifiedImageError) as exc:
-        raise OVS3DFormatError(path, f"cannot be read as an image ({exc})") from exc
+    with open_image(path, OVS3DFormatError) as im:
+        im.load()
+        a = np.array(im.convert("L") if im.mode not in ("L", "1", "I", "I;16") else im)
     if a.ndim != 2:
         raise OVS3DFormatError(path, f"mask must be single-channel, got shape {list(a.shape)}")
     return a > 127 if a.dtype != bool else a
@@ -157,7 +154,7 @@ def _read_mask(path: Path) -> np.ndarray:
 
 def load_ovs3d(root: PathLike, image_dir: str = "images", load_masks: bool = True) -> OVS3DScene:
     """Read a 3D-OVS scene folder (layout and conventions in the module docstring)."""
-    from PIL import Image, UnidentifiedImageError
+    from ...io.images import open_image
 
     r = Path(root)
     if not r.is_dir():
@@ -170,11 +167,8 @@ def load_ovs3d(root: PathLike, image_dir: str = "images", load_masks: bool = Tru
     if len(images) != len(poses):
         raise OVS3DFormatError(r / "poses_bounds.npy", f"{len(poses)} poses for {len(images)} images in {idir}",
                                field="rows")
-    try:
-        with Image.open(images[0]) as im:
-            W, H = im.size
-    except (OSError, UnidentifiedImageError) as exc:
-        raise OVS3DFormatError(images[0], f"cannot be read as an image ({exc})") from exc
+    with open_image(images[0], OVS3DFormatError) as im:
+        W, H = im.size
     h0, w0, f = poses[:, 0, 4], poses[:, 1, 4], poses[:, 2, 4]
     Ks = torch.zeros(len(poses), 3, 3)
     Ks[:, 0, 0] = torch.from_numpy(f * W / w0).float()
