@@ -40,6 +40,7 @@ from tyro.conf import FlagCreatePairsOff, Positional, arg, subcommand
 from .data.synthetic import SceneConfig
 from .errors import ConfigError, Rh3dgsError
 from .eval.cli import Eval
+from .io.atomic import atomic_folder
 from .io.outputs import check_not_input, check_output_dir, check_output_file, prepare_output_dir, scene_inputs
 from .io.transforms import ImageOptions
 from .lifting import LiftConfig
@@ -229,11 +230,12 @@ class Render:
         cams, images = _load_cameras(self.images, None, self.transforms, check_images=False, require_images=False,
                                      preflight=preflight)
         names = [p.stem[:80] for p in images]
-        for i in track(range(len(cams)), description="render"):
-            with torch.no_grad():
-                r = render(gaussians, cams[i])
-            with _writing(out):
-                _save_render_pngs(r, names, out, start=i)
+        with atomic_folder(out) as building:  # swapped in whole when every view is written
+            for i in track(range(len(cams)), description="render"):
+                with torch.no_grad():
+                    r = render(gaussians, cams[i])
+                with _writing(out):
+                    _save_render_pngs(r, names, building, start=i)
         print(f"rendered {len(cams)} views of {len(gaussians)} Gaussians to {out}")
         return 0
 
@@ -484,24 +486,26 @@ class Query:
         scene.encode(queries)  # an unknown query stops here, before any file is written
         if negatives:
             scene.encode(negatives)
-        for i in track(views, description="query: relevancy"):
-            rel = scene.render_relevancy(i, queries, negatives)
-            rgb = scene.render(i)
-            for q, r in zip(queries, rel):
+        with atomic_folder(out) as building:  # swapped in whole when every file is written
+            for i in track(views, description="query: relevancy"):
+                rel = scene.render_relevancy(i, queries, negatives)
+                rgb = scene.render(i)
+                for q, r in zip(queries, rel):
+                    with _writing(out):
+                        atomic_save_png(building / f"{names[i]}_{_stem(q)}_relevancy.png",
+                                        colorize(r, vmin=0.0, vmax=1.0))
+                        atomic_save_png(building / f"{names[i]}_{_stem(q)}_overlay.png",
+                                        highlight(rgb, r, threshold=self.threshold))
                 with _writing(out):
-                    atomic_save_png(out / f"{names[i]}_{_stem(q)}_relevancy.png", colorize(r, vmin=0.0, vmax=1.0))
-                    atomic_save_png(out / f"{names[i]}_{_stem(q)}_overlay.png",
-                                    highlight(rgb, r, threshold=self.threshold))
-            with _writing(out):
-                atomic_save_png(out / "sheets" / f"{names[i]}.png",
-                                result_sheet(rgb, rel, queries, self.threshold, title=names[i]))
-        for q in track(queries, description="query: selections"):
-            sel = scene.select(q, threshold=self.threshold, negatives=negatives)
-            stem = _stem(q)
-            with _writing(out / f"{stem}.ply"):
-                scene.export_ply(out / f"{stem}.ply", mask=sel)
-            print(f"'{q}': {int(sel.sum())} of {len(scene)} Gaussians above {self.threshold} -> "
-                  f"{out / (stem + '.ply')}")
+                    atomic_save_png(building / "sheets" / f"{names[i]}.png",
+                                    result_sheet(rgb, rel, queries, self.threshold, title=names[i]))
+            for q in track(queries, description="query: selections"):
+                sel = scene.select(q, threshold=self.threshold, negatives=negatives)
+                stem = _stem(q)
+                with _writing(out / f"{stem}.ply"):
+                    scene.export_ply(building / f"{stem}.ply", mask=sel)
+                print(f"'{q}': {int(sel.sum())} of {len(scene)} Gaussians above {self.threshold} -> "
+                      f"{out / (stem + '.ply')}")
         print(f"relevancy PNGs for {len(queries)} queries x {len(views)} views, one sheet per view "
               f"(sheets/<view>.png) -> {out}")
         return 0

@@ -378,15 +378,24 @@ def write_dataset(scene: SyntheticScene, out_dir, progress: bool = True) -> Dict
         sparse_pc.ply                  initial point cloud (Gaussian centres, for splatfacto)
         scene.ply                      ground-truth Gaussians (INRIA layout + class_id, instance_id)
         classes.txt                    class names, one per line, index = class id
-    All files are written atomically; existing files are replaced only when complete.
+    The folder is built beside ``out_dir`` and swapped in by one rename (:func:`rh3dgs.io.atomic.atomic_folder`):
+    an existing dataset there is replaced whole or not at all.
     """
+    from ..io.atomic import atomic_folder
+
+    final = Path(out_dir)
+    with atomic_folder(final) as out:
+        _write_dataset_files(scene, out, progress)
+    return {"root": final, "transforms": final / "transforms.json", "scene_ply": final / "scene.ply"}
+
+
+def _write_dataset_files(scene: SyntheticScene, out: Path, progress: bool) -> None:
     from ..io.atomic import atomic_save_bytes, atomic_save_png
     from ..io.ply import save_ply
     from ..io.transforms import save_transforms
     from ..progress import track
     from ..rendering import render
 
-    out = Path(out_dir)
     for sub in ("images", "depth", "masks", "instances"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     cams = all_cameras(scene)
@@ -417,7 +426,6 @@ def write_dataset(scene: SyntheticScene, out_dir, progress: bool = True) -> Dict
         extra.update(train_filenames=rel[:n_train], val_filenames=rel[n_train:], test_filenames=rel[n_train:])
     save_transforms(out / "transforms.json", cams, image_paths, extra=extra)
     atomic_save_bytes(out / "classes.txt", ("\n".join(scene.class_names) + "\n").encode())
-    return {"root": out, "transforms": out / "transforms.json", "scene_ply": out / "scene.ply"}
 
 
 def all_cameras(scene: SyntheticScene) -> Cameras:

@@ -43,7 +43,7 @@ import torch
 
 from ..errors import FeatureFormatError, InputFileError, NonFiniteError, ShapeError
 from ..io.npy import NPY_READ_ERRORS, load_npy, npy_header
-from ..io.atomic import atomic_save_bytes, atomic_save_json
+from ..io.atomic import atomic_save_bytes, atomic_save_json, file_sha256
 from ..memory import read_text_sized
 from ..progress import track
 from .base import Teacher
@@ -56,15 +56,6 @@ _FORMAT = 1
 _MANIFEST_EVERY_S = 5.0
 
 PathLike = Union[str, Path]
-
-
-def file_sha256(path: PathLike, chunk: int = 1 << 20) -> str:
-    """Hex sha256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(chunk), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def teacher_cache_dir(teacher: Teacher, cache_dir: PathLike) -> Path:
