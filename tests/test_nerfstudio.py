@@ -168,6 +168,63 @@ def test_train_step_outputs_losses_and_strategy_info(pipeline):
     opt.zero_grad_all()
 
 
+def test_one_training_step_on_each_device(pipeline, device):
+    """One rh3dgs-lite step as nerfstudio's trainer runs it (forward, losses, backward, optimizer step, the
+    densification callback) on each device present. CPU: the module's pipeline. CUDA: a pipeline built on the GPU
+    (its semantic init: the lift on CUDA) holding the CPU model's state, whose outputs, RGB and semantic losses and
+    gradients match the CPU step's on the same view (values within 1e-4 relative, gradients 1e-3 of the largest)."""
+    from nerfstudio.engine.callbacks import TrainingCallbackAttributes, TrainingCallbackLocation
+    from nerfstudio.engine.optimizers import Optimizers
+
+    pipe, opt = pipeline
+    ref = pipe.model
+    ref.train()
+    if device.type == "cpu":
+        model, optimizers = ref, opt
+    else:
+        c = _lite(pipe.datamanager.config.data, Path(pipe.datamanager.config.teacher_cache_dir).parent)
+        c.pipeline.model.max_init_points = 1500
+        dev_pipe = c.pipeline.setup(device=str(device), test_mode="val")
+        model = dev_pipe.model
+        model.load_state_dict({k: v.to(device) for k, v in ref.state_dict().items()})
+        model.train()
+        optimizers = Optimizers(c.optimizers, dev_pipe.get_param_groups())
+        model.optimizers = optimizers.optimizers
+        assert model.means.device.type == device.type and model.num_points == ref.num_points
+    model.step = ref.step = 200
+    cam, batch = pipe.datamanager.next_train(ref.step)
+    runs = []
+    for m in ([ref, model] if model is not ref else [ref]):
+        out = m(cam.to(m.device))
+        losses = m.get_loss_dict(out, batch, m.get_metrics_dict(out, batch))
+        keep = [k for k in losses if k != "lic_loss"]  # LIC samples its anchors from the device's generator
+        loss = sum(losses[k] for k in keep) + losses["lic_loss"]
+        assert torch.isfinite(loss)
+        loss.backward()
+        runs.append(({k: losses[k].detach().cpu() for k in keep}, {k: out[k].detach().cpu() for k in ("rgb", "latents")},
+                     {k: m.gauss_params[k].grad.cpu() for k in ("means", "latents", "opacities")},
+                     m.decoder.grad.cpu()))
+    if len(runs) == 2:
+        (l_ref, o_ref, g_ref, d_ref), (l_dev, o_dev, g_dev, d_dev) = runs
+        for k in l_ref:
+            assert abs(float(l_dev[k] - l_ref[k])) <= 1e-4 * max(1.0, abs(float(l_ref[k]))), k
+        for k in o_ref:
+            assert (o_dev[k] - o_ref[k]).abs().max() <= 1e-4, k
+        for k, g in list(g_ref.items()) + [("decoder", d_ref)]:
+            other = d_dev if k == "decoder" else g_dev[k]
+            assert g.abs().max() > 0 and (other - g).abs().max() <= 1e-3 * g.abs().max(), k
+    n = model.num_points
+    assert model.latents.grad.abs().sum() > 0 and model.means.grad.abs().sum() > 0
+    optimizers.optimizer_step_all()
+    attrs = TrainingCallbackAttributes(optimizers=optimizers, grad_scaler=None, pipeline=None, trainer=None)
+    for cb in model.get_training_callbacks(attrs):
+        if TrainingCallbackLocation.AFTER_TRAIN_ITERATION in cb.where_to_run:
+            cb.run_callback_at_location(model.step, TrainingCallbackLocation.AFTER_TRAIN_ITERATION)
+    assert model.latents.shape[0] == model.means.shape[0] == model.num_points and model.num_points >= n // 2
+    optimizers.zero_grad_all()
+    opt.zero_grad_all()
+
+
 def test_semantic_loss_is_the_objective_of_distill(pipeline):
     """The model's semantic terms are :class:`rh3dgs.method.objective.SemanticObjective`'s on the render (the objective
     of ``distill()``), and the loss and the metrics do not depend on the order the hooks are called in."""
