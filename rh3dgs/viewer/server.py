@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
+import os
 import socket
 import sys
 import threading
@@ -206,8 +207,11 @@ class _ClientRenderer:
                 elif self.done_full != (cam, ctl):
                     self._render(cfg.max_res, full=True)
                     self.done_full = (cam, ctl)
-            except Exception as exc:  # keep serving; say what went wrong
-                traceback.print_exc(file=sys.stderr)
+            except Exception as exc:  # keep serving; say what went wrong, in one line (RH3DGS_DEBUG: traceback)
+                if os.environ.get("RH3DGS_DEBUG"):
+                    traceback.print_exc(file=sys.stderr)
+                print(f"rh3dgs: viewer: render failed for client {self.client.client_id}: {type(exc).__name__}: "
+                      f"{' '.join(str(exc).split())}"[:400], file=sys.stderr, flush=True)
                 self.info.content = f"**Render failed**: {type(exc).__name__}: {exc}"
                 self.done_full = (cam, ctl)
                 time.sleep(0.5)
