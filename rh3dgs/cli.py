@@ -131,6 +131,16 @@ def _stem(query: str, limit: int = 80) -> str:
     return stem
 
 
+def _distinct(names: List[str], what: str) -> List[str]:
+    """Output names made distinct before any work (:func:`rh3dgs.io.outputs.distinct_names`), said on stderr."""
+    from .io.outputs import distinct_names
+
+    out, note = distinct_names(names, what)
+    if note:
+        print(f"rh3dgs: warning: {note}", file=sys.stderr)
+    return out
+
+
 def _transforms_file(path) -> Path:
     """The transforms.json that ``--transforms`` / ``--data`` names (the file, or the one in the folder)."""
     p = Path(path)
@@ -229,7 +239,7 @@ class Render:
 
         cams, images = _load_cameras(self.images, None, self.transforms, check_images=False, require_images=False,
                                      preflight=preflight)
-        names = [p.stem[:80] for p in images]
+        names = _distinct([p.stem[:80] for p in images], "views")  # images of one name in different folders
         with atomic_folder(out) as building:  # swapped in whole when every view is written
             for i in track(range(len(cams)), description="render"):
                 with torch.no_grad():
@@ -482,7 +492,9 @@ class Query:
         if scene.cameras is None:
             raise ConfigError(f"{self.scene}: the scene has no cameras (transforms.json) to render queries from")
         views = _views_arg(self.views, len(scene.cameras))
-        names = [n[:80] for n in scene.cameras.names] or [f"view_{i:05d}" for i in range(len(scene.cameras))]
+        names = _distinct([n[:80] for n in scene.cameras.names] or
+                          [f"view_{i:05d}" for i in range(len(scene.cameras))], "views")
+        stems = dict(zip(queries, _distinct([_stem(q) for q in queries], "queries")))  # "red mug" / "red_mug"
         scene.encode(queries)  # an unknown query stops here, before any file is written
         if negatives:
             scene.encode(negatives)
@@ -492,16 +504,16 @@ class Query:
                 rgb = scene.render(i)
                 for q, r in zip(queries, rel):
                     with _writing(out):
-                        atomic_save_png(building / f"{names[i]}_{_stem(q)}_relevancy.png",
+                        atomic_save_png(building / f"{names[i]}_{stems[q]}_relevancy.png",
                                         colorize(r, vmin=0.0, vmax=1.0))
-                        atomic_save_png(building / f"{names[i]}_{_stem(q)}_overlay.png",
+                        atomic_save_png(building / f"{names[i]}_{stems[q]}_overlay.png",
                                         highlight(rgb, r, threshold=self.threshold))
                 with _writing(out):
                     atomic_save_png(building / "sheets" / f"{names[i]}.png",
                                     result_sheet(rgb, rel, queries, self.threshold, title=names[i]))
             for q in track(queries, description="query: selections"):
                 sel = scene.select(q, threshold=self.threshold, negatives=negatives)
-                stem = _stem(q)
+                stem = stems[q]
                 with _writing(out / f"{stem}.ply"):
                     scene.export_ply(building / f"{stem}.ply", mask=sel)
                 print(f"'{q}': {int(sel.sum())} of {len(scene)} Gaussians above {self.threshold} -> "

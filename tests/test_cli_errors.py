@@ -52,6 +52,68 @@ def _long_path(tj):
     tj["frames"][0]["file_path"] = LONG + ".png"
 
 
+def _inflating_npz(path: Path, member: str, shape, dtype, extra=None) -> Path:
+    """An .npz whose member ``member`` is a compressed array of zeros of ``shape`` (a small file that inflates to
+    the full array: what a zip bomb is); ``extra``: other members, written as they are."""
+    import zipfile
+
+    dtype = np.dtype(dtype)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for k, v in (extra or {}).items():
+            with z.open(f"{k}.npy", "w") as f:
+                np.lib.format.write_array(f, np.asarray(v))
+        with z.open(f"{member}.npy", "w", force_zip64=True) as f:
+            np.lib.format.write_array_header_1_0(f, {"descr": dtype.str, "fortran_order": False, "shape": shape})
+            left, block = int(np.prod(shape)) * dtype.itemsize, bytes(1 << 22)
+            while left > 0:
+                f.write(block[:left])
+                left -= len(block)
+    return path
+
+
+def _png_claiming(path: Path, w: int, h: int) -> Path:
+    """A PNG whose header claims w x h pixels (and holds almost no data): PIL reads the size lazily."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+                     + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b""))
+    return path
+
+
+def _scene_copy(root: Path, name: str, edit=None, records: bool = True) -> Path:
+    """A copy of the seed scene folder; ``edit(folder)`` changes it; ``records=False`` drops rh3dgs.json's
+    file records (so that a file's own reader, not the checksum, meets the change)."""
+    d = root / name
+    shutil.copytree(seed_dir() / "scene", d)
+    if not records:
+        meta = json.loads((d / "rh3dgs.json").read_text())
+        meta.pop("files")
+        (d / "rh3dgs.json").write_text(json.dumps(meta))
+    if edit:
+        edit(d)
+    return d
+
+
+def _flip_byte(name: str, at: int = -40):
+    def edit(d: Path):
+        b = bytearray((d / name).read_bytes())
+        b[at] ^= 0x01
+        (d / name).write_bytes(bytes(b))
+    return edit
+
+
+def _set_json(**kw):
+    def edit(d: Path):
+        meta = json.loads((d / "rh3dgs.json").read_text())
+        meta.update(kw)
+        (d / "rh3dgs.json").write_text(json.dumps(meta))
+    return edit
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     """name -> path of every broken input (and a few good ones), made once."""
@@ -102,6 +164,37 @@ def files(tmp_path_factory):
     f["noplyscene"] = noply
     (root / "badpreset.yaml").write_text("delta: [1, 2\n")
     (root / "unknownkey.yaml").write_text("deltaa: 0.3\n")
+    # ---- reliability round 3: reads sized before they are made, integrity, collisions
+    npzmap = _dataset(root, "npzmap")
+    (npzmap / "features").mkdir()
+    shutil.copy(seeds / "text_embeddings.npz", npzmap / "features" / "text_embeddings.npz")
+    _inflating_npz(npzmap / "features" / "img0.npz", "features", (1024, 1024, 64), np.float16)  # 128 MB inflated
+    f["npzmap"] = npzmap
+    bombtext = _with_features(_dataset(root, "bombtext"), fmap)
+    _inflating_npz(bombtext / "features" / "text_embeddings.npz", "red mug", (1 << 25,), np.float32,
+                   {"chair": np.ones(5, np.float32)})  # 128 MB inflated
+    f["bombtext"] = bombtext
+    f["bombfield"] = _scene_copy(root, "bombfield", lambda d: _inflating_npz(
+        d / "field.npz", "decoder", (1 << 14, 1 << 11), np.float32), records=False)
+    bigpng = _dataset(root, "bigpng", image=False)
+    _png_claiming(bigpng / "img0.png", 40000, 40000)
+    f["bigpng"] = bigpng
+    f["flippedply"] = _scene_copy(root, "flippedply", _flip_byte("semantic.ply"))
+    f["flippedfield"] = _scene_copy(root, "flippedfield", _flip_byte("field.npz", 200))
+    f["newerscene"] = _scene_copy(root, "newerscene", _set_json(version=99))
+    from rh3dgs.teachers import TeacherConfig
+    from rh3dgs.teachers.cache import teacher_cache_dir
+
+    tiny = TeacherConfig(name="tiny-clip").setup(seeds / "data")
+    newer = teacher_cache_dir(tiny, root / "newcache")  # the entry folder extract uses, its manifest from the future
+    newer.mkdir(parents=True)
+    (newer / "manifest.json").write_text(json.dumps({"format": 99, "teacher_key": tiny.cache_key(), "entries": {}}))
+    f["newcache"] = root / "newcache"
+    twins = _with_features(_dataset(root, "twins", lambda tj: tj["frames"].append(
+        {**tj["frames"][0], "file_path": "b/img0.png"})), fmap)
+    (twins / "b").mkdir()
+    shutil.copy(seeds / "data" / "img0.png", twins / "b" / "img0.png")
+    f["twins"] = twins
     return f
 
 
@@ -195,6 +288,29 @@ def _cases(f, out="OUT"):
         ("lift into the dataset", ["lift", ply, "--data", d["nanfeat"], "--output", d["nanfeat"], "--overwrite"],
          ["nanfeat"]),
         ("view a missing path", ["view", str(R / "nowhere")], ["nowhere"]),
+        # ---- reliability round 3 (issue 41): sized reads, integrity, collisions
+        (".npz map inflating to 128 MB, --max-memory 64M", ["--max-memory", "64M", "lift", ply, "--data", d["npzmap"],
+                                                           "--output", out, "--frame", "data"],
+         ["img0.npz", "features 1024x1024x64 float16", "memory estimate"]),
+        ("text_embeddings.npz member of 128 MB", ["--max-memory", "64M", "lift", ply, "--data", d["bombtext"],
+                                                  "--output", out, "--frame", "data"],
+         ["text_embeddings.npz", "red mug 33554432 float32", "memory estimate"]),
+        ("field.npz entry of 128 MB", ["--max-memory", "64M", "export", d["bombfield"], "--output", out],
+         ["field.npz", "decoder 16384x2048 float32", "memory estimate"]),
+        ("PNG header of 40000x40000: extract", ["extract", "--data", d["bigpng"], "--teacher", "tiny-clip",
+                                                "--cache", str(R / "cache_png")], ["img0.png", "decompression bomb"]),
+        ("synth --views 10000000", ["--max-memory", "8G", "synth", "--output", out, "--views", "10000000"],
+         ["10000000", "memory estimate"]),
+        ("a flipped byte in semantic.ply", ["export", d["flippedply"], "--output", out],
+         ["semantic.ply", "changed since rh3dgs wrote the scene"]),
+        ("a flipped byte in field.npz", ["select", d["flippedfield"], "red mug", "--output", out],
+         ["field.npz", "changed since rh3dgs wrote the scene"]),
+        ("scene version newer than the reader", ["export", d["newerscene"], "--output", out],
+         ["rh3dgs.json [version]", "newer rh3dgs"]),
+        ("cache manifest of a newer format", ["extract", "--data", data, "--teacher", "tiny-clip", "--cache",
+                                              d["newcache"]], ["manifest.json [format]", "newer rh3dgs"]),
+        ("two images of one name, one feature map", ["lift", ply, "--data", d["twins"], "--output", out, "--frame",
+                                                     "data"], ["img0.npy", "two different images"]),
     ]
 
 

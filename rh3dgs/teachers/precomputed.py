@@ -17,6 +17,7 @@ followed by a second normalisation. Every problem raises
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -179,8 +180,17 @@ class PrecomputedTeacher(Teacher):
         return dict(features_dir=str(Path(features_dir).expanduser().resolve()))
 
     def map_files(self, image_paths: Sequence[PathLike]) -> List[Path]:
-        """The feature file of every image (the maps are read in place, never cached)."""
-        return [self.feature_path(p) for p in image_paths]
+        """The feature file of every image (the maps are read in place, never cached). Two different images
+        whose names lead to one file (``a/0001.png`` and ``b/0001.png`` -> ``0001.npy``) are refused: they
+        would silently share one map."""
+        files = [self.feature_path(p) for p in image_paths]
+        first: Dict[Path, Path] = {}
+        for image, f in zip(image_paths, files):
+            other = first.setdefault(f, Path(image))
+            if os.path.abspath(other) != os.path.abspath(image):
+                raise FeatureFormatError(f, f"is the feature map of two different images, {other} and {image} "
+                                            "(maps are found by image name): give the images distinct names")
+        return files
 
     # ------------------------------------------------------------------ lookup
     def feature_path(self, stem_or_path: PathLike) -> Path:
