@@ -17,7 +17,10 @@ options are :class:`rh3dgs.lifting.LiftConfig`'s fields (``--delta``, ``--iters`
 (``--teacher`` is its ``name``, ``--cache`` its ``cache_dir``), the image options
 :class:`rh3dgs.io.transforms.ImageOptions`' and ``synth`` / ``demo``'s
 :class:`rh3dgs.data.synthetic.SceneConfig`'s (``--views`` = ``num_views``, ``--size`` = ``image_size``):
-each default and its help text is written once, in that dataclass. ``rh3dgs COMMAND --help`` lists them.
+each default and its help text is written once, in that dataclass (one line per field; why a default is
+what it is: docs/method.md). Booleans are one flag each, named for the change from the default (``--overwrite``,
+``--no-vcd``), their default shown as on / off. ``rh3dgs COMMAND --help`` lists them (tests/test_cli_help.py
+bounds its length).
 
 User errors (rh3dgs.errors) are printed as one line without a traceback; ``--debug``
 shows the traceback. Every job checks its memory estimate first (rh3dgs.memory) and stops
@@ -61,10 +64,10 @@ class UsageError(ConfigError):
 
 @dataclass
 class TeacherOptions(TeacherConfig):
-    """:class:`TeacherConfig` as the commands name it: ``--teacher`` (``name``), ``--cache`` (``cache_dir``)."""
+    """TeacherConfig as the commands name it: --teacher (name), --cache (cache_dir)."""
 
-    name: Annotated[str, arg(name="teacher", help="clip | tiny-clip | precomputed (the commands' default: "
-                                                  "precomputed, the maps of DATA/features)")] = "precomputed"
+    name: Annotated[str, arg(name="teacher", help="precomputed (DATA/features maps), clip or tiny-clip")] = \
+        "precomputed"
     cache_dir: Annotated[Optional[str], arg(name="cache")] = TeacherConfig.cache_dir
 
     def config(self) -> TeacherConfig:
@@ -73,7 +76,7 @@ class TeacherOptions(TeacherConfig):
 
 @dataclass
 class LiftOptions(LiftConfig):
-    """:class:`LiftConfig` with ``use_vcd`` as ``--no-vcd``."""
+    """LiftConfig with use_vcd as --no-vcd."""
 
     method: Literal["robust", "karcher", "euclidean"] = LiftConfig.method
     use_vcd: Annotated[bool, arg(name="vcd")] = LiftConfig.use_vcd
@@ -84,7 +87,7 @@ class LiftOptions(LiftConfig):
 
 @dataclass
 class SceneOptions(SceneConfig):
-    """:class:`SceneConfig` with ``num_views`` as ``--views`` and ``image_size`` as ``--size``."""
+    """SceneConfig with num_views as --views and image_size as --size."""
 
     num_views: Annotated[int, arg(name="views")] = SceneConfig.num_views
     image_size: Annotated[int, arg(name="size")] = SceneConfig.image_size
@@ -252,7 +255,7 @@ class Render:
 
 @dataclass
 class Demo:
-    """Run the main job on the embedded synthetic scene: renders, the lift and text queries."""
+    """The synthetic scene end to end: renders, the lift and text queries."""
 
     output: Output = "outputs/demo"
     """output folder"""
@@ -345,8 +348,7 @@ def _load_cameras(opts: ImageOptions, cache: Optional[str], transforms, check_im
 
 @dataclass
 class Extract:
-    """Teacher features for a dataset's images (cached, incremental). Data-parallel over K processes (GPUs,
-    or CPU with gloo): torchrun --nproc_per_node=K -m rh3dgs.cli extract --data DIR --teacher T ..."""
+    """Teacher features of a dataset, cached (K processes: torchrun --nproc_per_node=K -m rh3dgs.cli extract)."""
 
     data: Annotated[str, arg(metavar="PATH")]
     """dataset folder with transforms.json"""
@@ -392,19 +394,18 @@ class Lift:
     """Training-free lift of teacher features into a 3DGS PLY -> a semantic scene folder."""
 
     scene: ScenePath
-    """3DGS PLY (INRIA layout), in the frame of the dataset's cameras (or see --frame)"""
+    """3DGS PLY (INRIA layout) in the dataset's frame (or see --frame)"""
     data: Annotated[str, arg(metavar="PATH")]
     """dataset folder with transforms.json (and features/)"""
     output: Output
     """semantic scene folder to write"""
     frame: Literal["auto", "data", "nerfstudio", "capture"] = "auto"
-    """frame of the PLY (auto: detected, rh3dgs.io.coordinate_frames); nerfstudio = ns-export's"""
+    """frame of the PLY (auto: detected; nerfstudio: ns-export's)"""
     config: Annotated[Optional[str], arg(metavar="YAML")] = None
-    """YAML preset of LiftConfig (e.g. configs/lift-robust.yaml): its values replace LiftConfig's defaults;
-    options given on the command line still win"""
+    """YAML preset of the lift's settings; options given here win"""
     lift: Annotated[LiftOptions, arg(name="")] = field(default_factory=LiftOptions)
     streaming: bool = False
-    """keep nothing across the IRLS passes (least memory; cache_projections and compact_cache False)"""
+    """keep nothing across the IRLS passes (least memory)"""
     teacher: Teacher = field(default_factory=TeacherOptions)
     images: Images = field(default_factory=ImageOptions)
     overwrite: Overwrite = False
@@ -457,8 +458,8 @@ class Lift:
         return 0
 
 
-NEGATIVES_HELP = f"semicolon-separated negatives (default: {format_queries(CANONICAL_NEGATIVES)})"
-Negatives = Annotated[Optional[str], arg(help=NEGATIVES_HELP, metavar="TEXT")]
+Negatives = Annotated[Optional[str], arg(help="semicolon-separated negative phrases", metavar="TEXT",
+                                         help_behavior_hint=f"(default: {format_queries(CANONICAL_NEGATIVES)})")]
 Threshold = Annotated[float, arg(help="selection threshold on the relevancy")]
 
 
@@ -467,15 +468,15 @@ class Query:
     """Relevancy PNGs over the cameras and 3D selections for text queries."""
 
     scene: ScenePath
-    """semantic scene folder (from `rh3dgs lift` / `rh3dgs demo`)"""
+    """semantic scene folder (from rh3dgs lift or rh3dgs demo)"""
     queries: Annotated[str, Positional, arg(metavar="QUERIES")]
     """semicolon-separated phrases, e.g. 'red mug;chair'"""
     output: Output
     """folder of the PNGs and selections"""
     negatives: Negatives = None
     threshold: Threshold = THRESHOLD
-    views: Annotated[Optional[Tuple[int, ...]], arg(metavar="INT ...")] = None
-    """camera indices (default: all)"""
+    views: Annotated[Optional[Tuple[int, ...]], arg(metavar="INT ...", help_behavior_hint="(default: all)")] = None
+    """camera indices"""
     overwrite: Overwrite = False
 
     def main(self) -> int:
@@ -595,9 +596,9 @@ class Rh3dgs:
     command: Annotated[Command, arg(name="")]
     debug: bool = False
     """show tracebacks of user errors"""
-    max_memory: Annotated[Optional[str], arg(metavar="SIZE")] = None
-    """refuse jobs whose memory estimate exceeds SIZE (e.g. 8G, 512M; default: the memory available on this
-    machine)"""
+    max_memory: Annotated[Optional[str], arg(metavar="SIZE", help_behavior_hint="(default: the memory available)")] \
+        = None
+    """refuse jobs whose memory estimate exceeds SIZE, e.g. 8G or 512M"""
 
 
 _CONVERSIONS = (("invalid literal for int() with base 10: ", "invalid int value: "),
@@ -653,6 +654,42 @@ def _command_of(argv: List[str]) -> Optional[str]:
     return argv[i] if i < len(argv) and argv[i] in COMMANDS else None
 
 
+def _on_off(default: str) -> str:
+    """The help's hint of a boolean flag: ``--no-vcd`` says "(default: on)", not tyro's "(default: True)"."""
+    return f"(default: {'on' if default == 'True' else 'off'})"
+
+
+def _switch_registry():
+    """A tyro registry under which every boolean field of a dataclass shows its default as on / off (its help text,
+    the field's docstring, describes the setting, so that it reads for ``--flag`` and ``--no-flag`` alike)."""
+    import dataclasses as dc
+
+    from tyro.constructors import ConstructorRegistry
+    from tyro.constructors._struct_spec_dataclass import dataclass_rule  # tyro>=1.0.17,<1.1 (as _errors below)
+
+    registry = ConstructorRegistry()
+
+    @registry.struct_rule
+    def switches(info):
+        spec = dataclass_rule(info)
+        if spec is None:
+            return None
+        fields = tuple(dc.replace(f, type=Annotated[f.type, arg(help_behavior_hint=_on_off)])
+                       if _unannotated(f.type) is bool else f for f in spec.fields)
+        return dc.replace(spec, fields=fields)
+
+    return registry
+
+
+def _unannotated(typ):
+    """``Annotated[T, ...]`` -> T (nested too); other types as they are."""
+    from typing import get_args, get_origin
+
+    while get_origin(typ) is Annotated:
+        typ = get_args(typ)[0]
+    return typ
+
+
 def _tyro(argv: List[str], default=None) -> Rh3dgs:
     """tyro over :class:`Rh3dgs`; a command line that does not parse raises :class:`UsageError` (one line)."""
     from tyro._errors import on_parse_error  # tyro 1.0's parse-error events (pinned: tyro>=1.0.17,<1.1)
@@ -664,7 +701,7 @@ def _tyro(argv: List[str], default=None) -> Rh3dgs:
         raise UsageError(f"{_usage_message(event, prog)} (see {prog} --help)")
 
     # booleans as one flag each, named for the change from the default: --overwrite, --no-vcd, --no-guided
-    kwargs = dict(args=argv, prog="rh3dgs", config=(FlagCreatePairsOff,))
+    kwargs = dict(args=argv, prog="rh3dgs", config=(FlagCreatePairsOff,), registry=_switch_registry())
     if default is not None:
         kwargs["default"] = default
     with on_parse_error(hook):

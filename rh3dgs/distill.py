@@ -64,20 +64,21 @@ class DistillConfig:
     background_lr: float = 0.01
     """Adam learning rate of the background latent."""
     init: str = "lift"
-    """"lift" (the training-free lift's latents and decoder) or "pca" (PCA decoder, random latents)."""
+    """lift (the training-free lift's latents and decoder) or pca (PCA decoder, random latents)."""
     init_scale: float = 0.1
-    """Std of random initial latents (init="pca", and Gaussians the lift leaves invalid)."""
+    """Std of random initial latents (init pca, and Gaussians the lift leaves invalid)."""
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     """The semantic objective (VCD / VFM / LIC switches and their settings)."""
     lift: LiftConfig = field(default_factory=LiftConfig)
-    """Settings of the lift used by init="lift" (its latent_dim is overridden by ``latent_dim``)."""
+    """Settings of the lift of init lift (its latent_dim is latent_dim's)."""
     seed: int = 0
+    """Seed of the view order, the random initial latents and LIC's sampling."""
     view_order: Optional[Tuple[int, ...]] = None
-    """The views of the steps, in order, ``views_per_step`` at a time (e.g. a training run's camera order, to
-    replay it); None: epochs of a permutation drawn from ``seed``."""
+    """The views of the steps, views_per_step at a time (None: epochs of a permutation drawn from seed)."""
     min_weight: float = 1e-6
     """init="pca": Gaussians whose total compositing weight on covered pixels is below this are invalid."""
     tile_size: int = 16
+    """Rasterizer tile side in pixels."""
 
     def __post_init__(self) -> None:
         if self.steps < 0 or self.views_per_step < 1 or self.latent_dim < 1:

@@ -177,7 +177,7 @@ def test_help_text_is_the_dataclass_docstring(capsys):
                  "--teacher", "--cache", "--features-dir", "--checkpoint", "--downscale", "--skip-missing-images",
                  "--no-undistort", "--streaming", "--config", "--frame", "--overwrite"):
         assert flag in text, flag
-    assert "Huber threshold in radians" in text and "(default: 0.2)" in text
+    assert "Huber threshold (rad)" in text and "(default: 0.2)" in text
     assert f"(default: {LiftConfig.iters})" in text
     with pytest.raises(SystemExit) as ei:
         main(["--help"])

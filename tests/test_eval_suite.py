@@ -105,3 +105,16 @@ def test_peak_memory_sees_an_allocation():
         x += 1
         del x
     assert pm.peak_bytes > 100 * 2 ** 20
+
+
+def test_markdown_report_keeps_its_hand_written_part(tmp_path):
+    from rh3dgs.eval.report import HAND_WRITTEN, keep_hand_written
+
+    md = tmp_path / "results.md"
+    assert keep_hand_written(md, "# tables\n") == "# tables\n"  # no file yet
+    md.write_text("# old tables\n| a |\n")
+    assert keep_hand_written(md, "# new tables\n") == "# new tables\n"  # nothing written by hand
+    md.write_text(f"# old tables\n| a |\n\n{HAND_WRITTEN}\n\n## Development draws\n- a finding\n")
+    kept = keep_hand_written(md, "# new tables\n| b |\n")
+    assert kept == f"# new tables\n| b |\n\n{HAND_WRITTEN}\n\n## Development draws\n- a finding\n"
+    assert "old tables" not in kept

@@ -34,7 +34,7 @@ class SceneConfig:
     seed: int = 0
     """RNG seed (object jitter, sampling, textures)."""
     layout: int = 0
-    """Which object set (:data:`LAYOUTS`; 0 = the original table-top scene)."""
+    """Object set, 0-4 (0: the original table-top scene)."""
     gaussians_per_unit_area: float = 6000.0
     """Surface sampling density (Gaussians per m^2)."""
     floor_size: float = 3.0
@@ -52,8 +52,7 @@ class SceneConfig:
     fov_deg: float = 50.0
     """Horizontal field of view (degrees)."""
     heldout_views: int = 0
-    """Extra cameras for held-out evaluation (``SyntheticScene.heldout_cameras``), on the same circle at
-    other heights, their azimuths half-way between the training cameras'."""
+    """Extra held-out cameras at other heights, half-way between the training ones."""
     heldout_heights: Tuple[float, ...] = (1.0, 1.7)
     """Heights of the held-out cameras (m)."""
 

@@ -19,10 +19,24 @@ from ..io.outputs import check_output_dir, check_output_file, prepare_output_dir
 __all__ = ["Eval", "cmd_eval"]
 
 
+def _suite_default(name: str):
+    """The help's default of a suite option: SuiteConfig's value of ``name`` (and --quick's where it differs)."""
+
+    def hint(_label: str) -> str:
+        from .suite import SuiteConfig
+
+        def show(v) -> str:
+            return " ".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+        full, quick = getattr(SuiteConfig(), name), getattr(SuiteConfig.quick(), name)
+        return f"(default: {show(full)}{'' if quick == full else '; --quick: ' + show(quick)})"
+
+    return hint
+
+
 @dataclass
 class Eval:
-    """Score a semantic scene against ground truth, or run the synthetic ablation suite:
-    rh3dgs eval SCENE --data DATASET | rh3dgs eval --suite synthetic [--quick]."""
+    """Score a semantic scene against ground truth (SCENE --data DATASET), or run the synthetic suite (--suite)."""
 
     scene: Annotated[Optional[str], Positional, arg(metavar="SCENE")] = None
     """semantic scene folder (rh3dgs.load) to score"""
@@ -32,22 +46,23 @@ class Eval:
     """run the ablation suite instead"""
     quick: bool = False
     """suite: 1 scene x 2 teachers, small images (a few minutes)"""
-    output: Annotated[Optional[str], arg(metavar="PATH")] = None
-    """output folder (suite default: outputs/eval_suite)"""
+    output: Annotated[Optional[str], arg(metavar="PATH", help_behavior_hint="(default: outputs/eval_suite with "
+                                                                             "--suite; none for a scene)")] = None
+    """output folder"""
     markdown: Annotated[Optional[str], arg(metavar="PATH")] = None
     """suite: also write the report here (e.g. docs/results.md)"""
-    work: Annotated[Optional[str], arg(metavar="PATH")] = None
-    """suite: folder for datasets and scene folders (default OUTPUT/work)"""
-    layouts: Optional[Tuple[int, ...]] = None
-    """suite: scene layouts (0-4; default SuiteConfig's)"""
-    teachers: Optional[Tuple[str, ...]] = None
-    """suite: teacher presets (clip-moderate, clip-strong, sam-moderate, sam-strong; default SuiteConfig's)"""
-    seed: Optional[int] = None
-    """suite: seed of the scenes and teacher draws (default SuiteConfig's: 0)"""
-    steps: Optional[int] = None
-    """suite: training steps of the trained rows (default SuiteConfig's distill_steps)"""
+    work: Annotated[Optional[str], arg(metavar="PATH", help_behavior_hint="(default: OUTPUT/work)")] = None
+    """suite: folder of the datasets and scene folders"""
+    layouts: Annotated[Optional[Tuple[int, ...]], arg(help_behavior_hint=_suite_default("layouts"))] = None
+    """suite: scene layouts, 0-4"""
+    teachers: Annotated[Optional[Tuple[str, ...]], arg(help_behavior_hint=_suite_default("teachers"))] = None
+    """suite: teacher presets (clip-moderate, clip-strong, sam-moderate or sam-strong)"""
+    seed: Annotated[Optional[int], arg(help_behavior_hint=_suite_default("seed"))] = None
+    """suite: seed of the scenes and teacher draws"""
+    steps: Annotated[Optional[int], arg(help_behavior_hint=_suite_default("distill_steps"))] = None
+    """suite: training steps of the trained rows"""
     threads: int = 0
-    """torch threads (0 = default)"""
+    """torch threads (0: as torch chooses)"""
     overwrite: bool = False
     """replace existing outputs"""
 

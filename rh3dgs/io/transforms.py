@@ -224,12 +224,11 @@ class ImageOptions:
     (the ``rh3dgs`` commands' ``--downscale`` / ``--skip-missing-images`` / ``--no-undistort``)."""
 
     downscale: int = 1
-    """Divide the image size by this (nerfstudio's ``downscale_factor``): ``images_N`` folders when
-    present, else resized into the cache."""
+    """Divide image sizes by this (images_N folders if present)."""
     skip_missing_images: bool = False
-    """Leave out frames whose image file does not exist (one warning with the count) instead of failing."""
+    """Leave out frames whose image is missing (one warning)."""
     undistort: bool = True
-    """Undistort images with OpenCV lens distortion (as nerfstudio's splatfacto path); False refuses them."""
+    """Undistort OpenCV lens distortion (off: refuse it)."""
 
 
 def load_transforms(path_or_dir: PathLike, check_images: bool = True, require_images: bool = True, *,

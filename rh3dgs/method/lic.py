@@ -57,60 +57,48 @@ Tensor = torch.Tensor
 
 @dataclass
 class LICConfig:
-    """Settings of the LIC contrastive loss."""
+    """Settings of the LIC loss: the paper's defaults here, the objective's in rh3dgs() (docs/method.md, section 4)."""
 
     radius: float = 0.05
-    """gamma: neighbourhood radius in world units (scene-scale dependent; nerfstudio
-    normalises scenes to roughly [-1, 1])."""
+    """gamma: neighbourhood radius in world units (nerfstudio scenes span about [-1, 1])."""
     max_neighbors: int = 16
-    """Cap on neighbours per Gaussian (the nearest ones are kept)."""
+    """Neighbours per Gaussian at most (the nearest are kept)."""
     num_anchors: int = 1024
-    """Anchors sampled per step (without replacement, among Gaussians with a positive)."""
+    """Anchors sampled per step, among the Gaussians that have a positive."""
     num_random_negatives: int = 64
-    """Random Gaussians per anchor added as negatives (those sharing the anchor's
-    pseudo-instance are masked out)."""
+    """infonce: random Gaussians per anchor added as negatives (its own pseudo-instance's left out)."""
     temperature: float = 0.1
     """tau in the InfoNCE logits cos / tau."""
     num_clusters: int = 32
-    """Number of pseudo-instances (k of the spherical k-means)."""
+    """features: number of pseudo-instances (k of the spherical k-means)."""
     kmeans_iters: int = 20
     """Lloyd iterations of the spherical k-means."""
     kmeans_max_points: int = 200_000
     """The k-means is fitted on at most this many random Gaussians, then all are assigned."""
     cluster_position_weight: float = 0.0
-    """0: cluster features only. > 0: append ``weight * (p - mean) / rms_radius`` to the
-    normalised features before the (cosine) clustering, so pseudo-instances are also
-    spatially compact."""
+    """Weight of the positions in the clustering, >= 0 (0: features only; > 0: spatially compact instances)."""
     centered: bool = False
-    """Contrast the features less their mean direction (taken at each refresh): CLIP-like features share a
-    common direction (every pair has a cosine of ~0.7), which the random negatives would otherwise fight."""
+    """Contrast the features less their mean direction, taken at each refresh (for infonce)."""
     positives: str = "features"
-    """'features': a neighbour is a positive when it shares the anchor's pseudo-instance (k-means of the current
-    features, the paper); 'appearance': when its colour is within ``color_threshold`` of the anchor's (the
-    Gaussians' colours are then required: ``colors=``)."""
+    """features: a neighbour of the same pseudo-instance (the paper); appearance: of a colour within color_threshold."""
     color_threshold: float = 0.1
-    """'appearance': RGB distance (colours in [0, 1]) below which a neighbour is a positive."""
+    """appearance: RGB distance (colours in [0, 1]) below which a neighbour is a positive."""
     form: str = "infonce"
-    """'infonce': the multi-positive InfoNCE against neighbour and random negatives; 'pull': the mean
-    ``1 - cos`` to the positives, no negatives."""
+    """infonce: multi-positive InfoNCE with negatives (the paper); pull: mean 1 - cos to the positives."""
     refresh_every: int = 1000
-    """Rebuild graph and pseudo-instances every this many steps (and whenever N changes)."""
+    """Rebuild the graph and the positives every this many steps (and whenever N changes)."""
     warmup_steps: int = 5000
-    """LIC is off (exact 0) before this step."""
+    """LIC is exactly 0 before this step."""
     seed: int = 0
-    """Seed of the anchor / negative sampling and of the k-means."""
+    """Seed of the anchor and negative sampling and of the k-means."""
     kdtree_workers: int = -1
-    """Threads for the k-d tree queries (-1 = all cores: the graph is the same for any count; a rebuild of 11k
-    clustered points took 47 ms on one of 2 cores, 38 ms on both)."""
+    """Threads of the k-d tree queries (-1: all cores; the graph is the same for any count)."""
 
     @classmethod
     def rh3dgs(cls, **overrides) -> "LICConfig":
-        """The settings the objective uses (chosen on development draws of the synthetic suite, docs/method.md
-        section 7): appearance positives (a neighbour within 0.1 in RGB), the 'pull' form without negatives,
-        radius 0.06 with up to 32 neighbours, 2048 anchors a step, no warm-up (training starts from the lift).
-        Against the objective without LIC: +1.62 / +1.45 mIoU, +6.0 / +5.5 3D mIoU on two development seeds (40
-        pairs), every teacher preset's mean positive; the paper's k-means pseudo-instances with InfoNCE cost
-        0.1-7.7 mIoU there."""
+        """The settings the objective uses: appearance positives (a neighbour within 0.1 in RGB), the pull form
+        without negatives, radius 0.06 with up to 32 neighbours, 2048 anchors a step, no warm-up (why:
+        docs/method.md, section 4, "Appearance positives and the pull form")."""
         base = dict(positives="appearance", form="pull", radius=0.06, max_neighbors=32, num_anchors=2048,
                     num_random_negatives=0, warmup_steps=0)
         base.update(overrides)

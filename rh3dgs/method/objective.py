@@ -26,7 +26,7 @@ What a training step of either path computes from a render of the latents (B vie
   to it), and without this term training drifts along those mixes, away from per-Gaussian answers
   (held-out views and 3D queries lose while the training pixels fit). It is computed from the render
   of the latents and A alone (for unit latents), at no extra rasterization cost. LIC (below) holds much of
-  the same drift in 3D, and with both on the strong CLIP-like teacher loses (docs/method.md section 7).
+  the same drift in 3D, and with both on the strong CLIP-like teacher loses (docs/method.md, section 7).
 * LIC (:mod:`rh3dgs.method.lic`, ``LICConfig.rh3dgs()``) pulls each Gaussian's decoded feature towards those of its
   3D neighbours of the same colour: a piece of one surface carries one feature, in the views and between
   them. Its positives come from the Gaussians' colours, not from the features being trained.
@@ -104,51 +104,37 @@ def _pool(x: Tensor, grid: Tuple[int, int]) -> Tensor:
 
 @dataclass
 class ObjectiveConfig:
-    """Settings of the semantic objective (the ablation switches are ``use_vcd / use_vfm / use_lic``)."""
+    """Settings of the semantic objective; the ablation switches are use_vcd, use_vfm and use_lic (docs/method.md,
+    section 7, says why each default is what it is)."""
 
     use_vcd: bool = True
-    """Weight pixels by VCD reliability (False: uniform on covered pixels with a teacher feature)."""
+    """VCD reliability weights on the pixels (off: uniform on covered pixels with a teacher feature)."""
     vcd: VCDConfig = field(default_factory=lambda: VCDConfig.rh3dgs(mixing_coarse_only=True))
-    """VCD settings (:meth:`rh3dgs.method.vcd.VCDConfig.rh3dgs`: opacity and depth variance, mask specificity, no edge or
-    footprint terms: a small object is a feature bump with edges all around, so teacher-feature edges down-weight
-    exactly the views that see it), with opacity and depth variance only against a teacher coarser than the render
-    (``mixing_coarse_only``: on the mask teachers' development pairs they cost held-out and 3D mIoU once training
-    starts from the lift; docs/method.md section 7)."""
+    """VCD's terms: the lift's, with opacity and depth variance only against teachers coarser than the render."""
     use_vfm: bool = True
-    """Geodesic Huber pixel term + robust Frechet-mean term (False: 1 - cosine)."""
+    """Geodesic Huber pixel term + robust Frechet-mean term (off: 1 - cosine)."""
     vfm: Optional[VFMConfig] = None
-    """VFM settings; None: :meth:`vfm_config` (a constant Huber threshold of 0.1 rad: training starts from the
-    lift, already close to the teacher, so every pixel's pull is capped from the first step; the paper's
-    annealing from 1 rad is for random latents, e.g. ``DistillConfig(init="pca")`` with
-    ``vfm=VFMConfig(anneal_steps=steps)``; no Frechet-mean term, see :data:`VFM_DELTA`)."""
+    """VFM's settings (None: a constant 0.1 rad Huber threshold, no mean term: training starts from the lift)."""
     use_lic: bool = True
-    """LIC on the decoded per-Gaussian features: each Gaussian is pulled to the features of its 3D neighbours of
-    the same colour (:meth:`rh3dgs.method.lic.LICConfig.rh3dgs`; the paper's k-means pseudo-instances with InfoNCE cost
-    held-out mIoU in every form tried once training starts from the lift, docs/method.md section 7)."""
+    """LIC on the decoded features: each Gaussian pulled to its 3D neighbours of the same colour."""
     lic: Optional[LICConfig] = None
-    """LIC settings; None: :meth:`lic_config` (:meth:`rh3dgs.method.lic.LICConfig.rh3dgs`, start and refresh scaled to
-    the run)."""
+    """LIC's settings (None: LICConfig.rh3dgs(), its start and refresh scaled to the run)."""
     lambda_sem: float = 1.0
-    """Weight of the semantic pixel loss."""
+    """Weight of the semantic pixel loss, >= 0."""
     lambda_con: float = 0.3
-    """Weight of LIC (0.3: +0.4 mIoU, +1.3 3D mIoU over 0.1 on 20 development pairs; 1 and 3 cost the strong
-    CLIP-like teacher)."""
+    """Weight of LIC, >= 0; larger (1, 3) costs the strong CLIP-like teacher."""
     lambda_ray: float = 0.1
-    """Weight of the ray-consistency term :func:`ray_spread` (inside ``lambda_sem``; 0 = off). Without LIC it gained
-    ~1 mIoU; with LIC it cost 0.83 mIoU on 20 development pairs (2.8 on the strong CLIP-like teacher), and LIC
-    without it gained 0.5-0.8 mIoU more over two development seeds, but left VCD's margin on the moderate CLIP-like
-    teacher at -0.44 mIoU: kept until that is measured on its own (docs/method.md section 7)."""
+    """Weight of the ray-consistency term ray_spread() inside lambda_sem, >= 0 (0: off)."""
     lic_start: float = 0.0
-    """LIC's start as a fraction of the run (training starts from the lift, so its pseudo-instances are
-    meaningful from step 0; the paper's warm-up protects random initial latents)."""
+    """LIC's start as a fraction of the run, in [0, 1] (the paper warms up from random latents)."""
     resolution: str = "teacher"
-    """'teacher': pool the render to the teacher map's grid; 'image': upsample the teacher to the render."""
+    """teacher: pool the render to the teacher map's grid; image: upsample the teacher to the render."""
     spherical_latents: bool = True
     """Normalise every Gaussian's latent before compositing (unit features per Gaussian)."""
     background_latent: bool = True
     """Composite a learnt background latent where the render is transparent (1 - A)."""
     min_coverage: float = 0.5
-    """resolution='image': pixels with accumulated opacity below this are left out."""
+    """resolution image: pixels with accumulated opacity below this are left out."""
 
     def __post_init__(self) -> None:
         if self.resolution not in ("teacher", "image"):

@@ -197,22 +197,18 @@ def sphere_exp_(mu: Tensor, v: Tensor) -> Tensor:
 # --------------------------------------------------------------------------------------
 @dataclass
 class FrechetMeanConfig:
-    """Settings of :func:`robust_frechet_mean` (pass with ``**cfg.as_kwargs()``)."""
+    """Settings of robust_frechet_mean() (pass with **cfg.as_kwargs()); docs/method.md, section 1."""
 
     delta: float = math.inf
-    """Huber threshold in radians; ``inf`` gives the Karcher (squared-distance) mean,
-    small values approach the geodesic median."""
+    """Huber threshold in radians (inf: the Karcher mean; small values approach the geodesic median)."""
     max_iters: int = 50
     """Maximum number of IRLS iterations."""
     tol: float = 1e-7
-    """Stop when the largest step angle (rad) over all segments is below this; the
-    effective tolerance is never below 10 machine epsilons of the dtype."""
+    """Stop when the largest step angle (radians) is below this (never below 10 machine epsilons)."""
     differentiable: bool = True
-    """Return a mean that carries gradients to ``x`` (and to ``weights``)."""
+    """Return a mean that carries gradients to x (and to weights)."""
     backward: str = "implicit"
-    """'implicit': iterate without autograd, then attach the exact fixed-point gradient
-    (implicit function theorem, Hessian solved by conjugate gradients; memory O(K D)).
-    'unrolled': backpropagate through every iteration (memory O(iters K D))."""
+    """implicit (fixed-point gradient, memory O(K D)) or unrolled (through every iteration, O(iters K D))."""
 
     def __post_init__(self) -> None:
         _check_delta(self.delta)

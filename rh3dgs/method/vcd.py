@@ -53,53 +53,44 @@ Tensor = torch.Tensor
 
 @dataclass
 class VCDConfig:
-    """Settings of the VCD reliability weights (each term has an on/off switch)."""
+    """Settings of the VCD reliability weights: each term has an on/off switch (docs/method.md, section 2)."""
 
     use_opacity: bool = True
-    """Multiply by the opacity term W_op."""
+    """Opacity term W_op (thin coverage weighs less)."""
     use_edge: bool = True
-    """Multiply by the edge term W_edge."""
+    """Edge term W_edge (discontinuities weigh less)."""
     use_variance: bool = True
-    """Multiply by the mixed-depth (ray variance) term W_var."""
+    """Mixed-depth term W_var (mixed rays weigh less)."""
     eps: float = 1e-6
-    """Guard in ``A + eps``, ``Dbar^2 + eps`` and the depth-edge normaliser."""
+    """Guard in A + eps, Dbar^2 + eps and the depth edges."""
     opacity_ref: float = 0.9
-    """a0: accumulated opacity at and above which W_op = 1."""
+    """a0: accumulated opacity at which W_op reaches 1."""
     opacity_power: float = 2.0
-    """p: W_op = clamp(A / a0, 0, 1) ** p (p > 0; larger = harsher on thin coverage)."""
+    """p in W_op = clamp(A / a0, 0, 1) ** p, > 0."""
     variance_scale: float = 0.05
-    """s_var on the relative variance Var / Dbar^2. Surfaces at depths z and 3z mixed 50/50
-    give 0.25 (W_var = 0.007), at z and 2z 50/50 0.11 (W_var = 0.11); a 0.5% / 1% leak of
-    the weight onto a surface at 3z gives 0.02 / 0.04 (W_var = 0.68 / 0.46); a surface
-    whose Gaussians spread 1% in depth gives 1e-4 (W_var = 0.998)."""
+    """s_var in W_var = exp(-Var / Dbar^2 / s_var), > 0."""
     edge_depth: bool = True
-    """Use depth discontinuities (g_depth) inside W_edge."""
+    """Depth discontinuities in W_edge."""
     edge_depth_scale: float = 0.1
-    """s_depth: a 1% relative depth step between neighbours gives W ~ 0.9."""
+    """s_depth, > 0 (a 1 % depth step gives W ~ 0.9)."""
     edge_features: bool = True
-    """Use feature discontinuities (g_feat) inside W_edge when a feature map is given."""
+    """Feature discontinuities in W_edge (with a feature map)."""
     edge_feature_scale: float = 0.1
-    """s_feat on 1 - cosine between neighbouring feature vectors."""
+    """s_feat, > 0, on 1 - cosine between neighbours."""
     edge_radius: int = 1
-    """Dilate the edge strengths by a (2 r + 1) x (2 r + 1) max filter (0 = off)."""
+    """Dilate edges by a (2 r + 1)^2 max filter (0: off)."""
     min_weight: float = 0.0
-    """Floor applied to the product before per-view normalisation (on valid pixels)."""
+    """Floor before the per-view normalisation, in [0, 1]."""
     footprint: float = 0.0
-    """Teacher footprint in pixels (a patch-token teacher's patch size at the render's resolution;
-    0 = off): multiply by the footprint purity term W_fp (module docstring)."""
+    """Teacher footprint in pixels for W_fp (0: off)."""
     footprint_tol: float = 0.05
-    """W_fp: relative depth difference |Dbar(v) - Dbar(u)| / Dbar(u) within which v shows u's surface."""
+    """W_fp: relative depth difference of one surface."""
     footprint_power: float = 1.0
-    """W_fp = purity ** footprint_power (0: no footprint term)."""
+    """W_fp = purity ** footprint_power (0: off)."""
     mixing_coarse_only: bool = False
-    """Apply W_op and W_var only against a teacher coarser than the render (``footprint`` > 1 px). They model a
-    teacher that blends what its footprint sees (a patch token over a silhouette or a depth step); a teacher at the
-    render's resolution (a mask teacher) gives each pixel one region's feature, and its failures (merged, split,
-    misrecognised masks) are W_seg's. The objective's default (training started from the lift): on 30 development
-    pairs of the mask teachers the two terms cost 0.2-1.5 mIoU and 1.0-2.7 3D mIoU there (docs/method.md section 7)."""
+    """W_op and W_var only against coarser teachers."""
     segment_power: float = 0.0
-    """gamma of the mask-specificity term W_seg = (frac / smallest frac) ** -gamma (0: off), frac the share of the view
-    covered by the pixel's teacher region (module docstring); used where a region map is given."""
+    """gamma of the mask-specificity term W_seg (0: off)."""
 
     @property
     def reads_regions(self) -> bool:
@@ -108,13 +99,12 @@ class VCDConfig:
 
     @classmethod
     def rh3dgs(cls, **overrides) -> "VCDConfig":
-        """The settings the lift and the objective use by default (chosen on development draws of the
-        synthetic suite, docs/method.md section 7): opacity, relative depth variance and mask specificity
-        (gamma 0.25: +8.1 mIoU over the lift without it on the development draws of the mask teachers,
-        constant for dense teachers); no edge terms (feature edges down-weight exactly the views where a
-        small object is visible; depth edges at one pixel cost ~0.4 mIoU on mask teachers) and no footprint
-        purity (+1.2 mIoU on the moderate CLIP teacher but -3.3 on the strong one, whose 12 px patches leave
-        thin and small objects impure in every view; ``footprint_power=2`` turns it on)."""
+        """The settings the lift and the objective use: opacity, relative depth variance and mask specificity
+        (gamma 0.25); no edge terms, no footprint purity (why: docs/method.md, section 2, "The default terms").
+
+        >>> VCDConfig.rh3dgs().segment_power, VCDConfig.rh3dgs(footprint_power=2.0).footprint_power
+        (0.25, 2.0)
+        """
         base = dict(edge_depth=False, edge_features=False, footprint_power=0.0, segment_power=0.25)
         base.update(overrides)
         return cls(**base)

@@ -30,27 +30,26 @@ Tensor = torch.Tensor
 
 @dataclass
 class VFMConfig:
-    """Settings of the VFM loss."""
+    """Settings of the VFM loss (docs/method.md, section 3)."""
 
     delta_start: float = 1.0
-    """Huber threshold (rad) at step 0; 1 rad ~ 57 deg keeps almost every pixel in the
-    quadratic zone while the decoder is still far from the teacher."""
+    """Huber threshold in radians at step 0 (1 rad ~ 57 degrees: nearly every pixel in the quadratic zone)."""
     delta_end: float = 0.25
-    """Huber threshold (rad) after annealing (~14 deg; beyond it a pixel's pull is capped)."""
+    """Huber threshold in radians after annealing (~14 degrees; beyond it a pixel's pull is capped)."""
     anneal_steps: int = 10000
-    """Steps over which delta goes from delta_start to delta_end."""
+    """Steps over which the threshold goes from delta_start to delta_end."""
     schedule: str = "cosine"
-    """'cosine' | 'linear' | 'constant' (constant = delta_start throughout)."""
+    """cosine, linear or constant (constant: delta_start throughout)."""
     lambda_mean: float = 0.1
-    """Weight of the mean term L_mean."""
+    """Weight of the mean term L_mean, >= 0 (0: skipped)."""
     mean_loss: str = "squared"
-    """'squared': d(mu_s, mu_t)^2; 'huber': rho_delta(d(mu_s, mu_t))."""
+    """squared: d(mu_s, mu_t)^2; huber: rho_delta(d(mu_s, mu_t))."""
     mean_iters: int = 20
-    """IRLS iterations for the robust Frechet means."""
+    """IRLS iterations of the robust Frechet means."""
     mean_tol: float = 1e-6
-    """Step tolerance (rad) for the robust Frechet means."""
+    """Step tolerance (radians) of the robust Frechet means."""
     region_wise: bool = False
-    """Use (view, region) segments when a region map is given; otherwise whole views."""
+    """Use (view, region) segments when a region map is given (off: whole views)."""
     min_region_pixels: int = 16
     """Segments with fewer pixels (or zero total weight) are left out of L_mean."""
 

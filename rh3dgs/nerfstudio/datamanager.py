@@ -42,19 +42,15 @@ class Rh3dgsDataManagerConfig(FullImageDatamanagerConfig):
 
     _target: Type = field(default_factory=lambda: Rh3dgsDataManager)
     teacher: TeacherConfig = field(default_factory=lambda: TeacherConfig(name="precomputed"))
-    """The 2D teacher (``precomputed`` reads ``<data>/features/<image stem>.npy`` by default)."""
+    """The 2D teacher (precomputed reads DATA/features/<image stem>.npy by default)."""
     teacher_cache_dir: Optional[Path] = None
-    """Root of the feature cache (default ``teacher.cache_dir``, else ``<data dir>/.rh3dgs_cache``:
-    :func:`rh3dgs.teachers.default_cache_dir`, the default of ``rh3dgs extract`` too)."""
+    """Root of the feature cache (None: teacher.cache_dir, else DATA/.rh3dgs_cache, as rh3dgs extract)."""
     teacher_at_image_size: bool = True
-    """Hand ``batch["teacher"]`` at the image size, or at the size ``teacher_size`` gives for it (False: at
-    the teacher's resolution, nothing kept prepared: saves memory on large images, the model resizes)."""
+    """Teacher maps at the loss's size, prepared once per camera (off: at the teacher's, resized per batch)."""
     teacher_cache_mb: float = 2048.0
-    """Memory (on the training device) for teacher maps prepared once per camera at the batch size;
-    maps beyond it are prepared again for each batch."""
+    """Memory for the teacher maps prepared once per camera; maps beyond it are prepared per batch."""
     cache_images: Literal["cpu", "gpu"] = "gpu"
-    """'gpu' = on the training device (also right for CPU training: 'cpu' pins memory, which
-    needs a CUDA driver)."""
+    """gpu: on the training device (also right for CPU training: cpu pins memory, which needs CUDA)."""
 
 
 class Rh3dgsDataManager(FullImageDatamanager[InputDataset]):

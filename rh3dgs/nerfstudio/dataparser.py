@@ -87,7 +87,7 @@ class Rh3dgsDataParserConfig(NerfstudioDataParserConfig):
 
     _target: Type = field(default_factory=lambda: Rh3dgsDataParser)
     load_3D_points: bool = True
-    """Read ``ply_file_path`` from transforms.json as the seed point cloud (random init without one)."""
+    """Read transforms.json's ply_file_path as the seed point cloud (random seeds without one)."""
 
 
 class Rh3dgsDataParser(Nerfstudio):

@@ -69,38 +69,25 @@ class Rh3dgsModelConfig(SplatfactoNativeModelConfig):
 
     _target: Type = field(default_factory=lambda: Rh3dgsModel)
     semantics: bool = True
-    """False: build plain splatfacto on rh3dgs's rasterization path (:class:`SplatfactoNativeModel`): no latents,
-    decoder, teacher maps, semantic losses or metrics (the semantic settings are then unused)."""
+    """Off: plain splatfacto on rh3dgs's rasterizer (no latents, teacher maps or semantic losses)."""
     latent_dim: int = 16
     """d: per-Gaussian semantic latent size."""
     objective: ObjectiveConfig = field(default_factory=lambda: ObjectiveConfig(lambda_sem=0.1, lambda_con=0.03))
-    """The semantic objective (VCD / VFM / LIC switches, lambda_sem, lambda_con, resolution...): the one of
-    ``distill()``, weighted 0.1 against splatfacto's RGB loss. The semantic parameters (latents, background
-    latent) get no other gradient and their Adam steps do not depend on the loss scale (eps 1e-15), so they
-    learn as with weight 1. With ``semantic_geometry_grad`` the Gaussians' geometry, which both losses then
-    move, is pushed 10x less by the semantic one (held-out PSNR of rh3dgs-lite 0.36 dB below the same run
-    without semantics at 0.1, 0.49-0.53 dB at weight 1; synthetic 64 px scene, 8 held-out views)."""
+    """The semantic objective of distill(), weighted 0.1 against the RGB loss (docs/method.md, section 7)."""
     semantic_geometry_grad: bool = False
-    """Let the semantic loss move the Gaussians' geometry (means, scales, quats, opacities). False (default):
-    the geometry is splatfacto's, shaped by RGB alone, and the semantic loss trains the latents on it as
-    ``distill()`` does on fixed Gaussians: the rasterizer's backward skips the latent channels' share of
-    the alpha gradient (``render(features_shape_geometry=False)``, also the cheaper backward) and the
-    objective reads A, D1, D2 detached."""
+    """Let the semantic loss move the Gaussians' geometry (off: RGB alone shapes it)."""
     semantic_steps: Optional[int] = None
-    """Length of the run the objective's schedules span (VFM's delta annealing, LIC's start and refresh):
-    None = the trainer's ``max_num_iterations``."""
+    """Steps the objective's schedules span (None: the trainer's max_num_iterations)."""
     init: Literal["lift", "random"] = "lift"
-    """'lift': latents and decoder from the training-free lift of the training views on the initial Gaussians
-    (as ``distill()``'s default); 'random': latents ~ N(0, init_scale^2), orthonormal random decoder."""
+    """lift: latents and decoder from the lift of the training views; random: N(0, init_scale^2) latents."""
     lift: LiftConfig = field(default_factory=LiftConfig)
-    """Settings of the lift of ``init='lift'`` (its latent_dim is overridden by ``latent_dim``), as ``DistillConfig.lift``."""
+    """Settings of the lift of init lift (its latent_dim is latent_dim's)."""
     init_scale: float = 0.1
-    """Std of random initial latents (``init='random'``)."""
+    """Std of the random initial latents (init random)."""
     freeze_geometry: bool = False
-    """Train only latents, decoder and background latent (and colours) on fixed geometry: no gradient to
-    means / scales / quats / opacities, no densification (``distill()``'s problem)."""
+    """Train only latents, decoder, background latent and colours, on fixed geometry (no densification)."""
     semantic_eval_metrics: bool = True
-    """Report mean teacher cosine (and its VCD-weighted version) in eval metrics."""
+    """Report the mean teacher cosine (and its VCD-weighted version) in the eval metrics."""
 
     def setup(self, **kwargs):
         """The model: :class:`Rh3dgsModel`, or with ``semantics=False`` :class:`SplatfactoNativeModel`."""

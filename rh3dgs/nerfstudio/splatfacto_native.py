@@ -129,21 +129,19 @@ class SplatfactoNativeModelConfig(SplatfactoModelConfig):
 
     _target: Type = field(default_factory=lambda: SplatfactoNativeModel)
     use_absgrad: bool = False
-    """The rh3dgs rasterization path provides the plain means2d gradient (no absgrad)."""
+    """Off: the rasterizer gives the plain means2d gradient (no absgrad)."""
     densify_grad_thresh: float = 0.0002
-    """Densification threshold on the (plain, not abs) screen-space gradient (3DGS's value)."""
+    """Densification threshold on the plain screen-space gradient (3DGS's value)."""
     max_init_points: Optional[int] = None
-    """Randomly subsample the seed point cloud to at most this many points (None = all)."""
+    """Subsample the seed point cloud to at most this many points (None: all)."""
     lpips: Literal["auto", "on", "off"] = "auto"
-    """'auto': LPIPS only if torchvision's AlexNet weights are in the torch hub cache (no download);
-    'on': always (may download); 'off': never."""
+    """auto: LPIPS if torchvision's AlexNet weights are cached (no download); on: always; off: never."""
     skip_nonfinite_batches: bool = False
-    """On a NaN / Inf loss, skip the batch (zero loss, no update) instead of stopping training;
-    training still stops after ``max_skipped_batches`` bad batches in a row."""
+    """Skip a batch with a NaN / Inf loss instead of stopping (max_skipped_batches in a row)."""
     max_skipped_batches: int = 10
-    """Consecutive non-finite batches tolerated with ``skip_nonfinite_batches``."""
+    """Consecutive non-finite batches tolerated with skip_nonfinite_batches."""
     check_params_every: int = 100
-    """Every this many steps, stop training if a parameter holds NaN / Inf (0 = never)."""
+    """Every this many steps, stop if a parameter holds NaN / Inf (0: never)."""
 
 
 class SplatfactoNativeModel(SplatfactoModel):

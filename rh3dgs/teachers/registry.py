@@ -99,45 +99,34 @@ def teacher_from_spec(spec: Dict[str, Any], base: Optional[PathLike] = None) -> 
 
 @dataclass
 class TeacherConfig:
-    """Everything needed to build a teacher (a field of the training / lift configs).
-
-    Attributes:
-        name: registry name: ``"clip"``, ``"tiny-clip"`` or ``"precomputed"``.
-        model: open_clip architecture (``"ViT-B-16"``); ignored by "tiny-clip" / "precomputed".
-        pretrained: open_clip pretrained tag (``"laion2b_s34b_b88k"``), downloaded by
-            open_clip on a networked machine; ``None`` when ``checkpoint`` is given.
-        checkpoint: local weights file (state dict) for ``model``; takes precedence
-            over ``pretrained``.
-        image_size: short side (pixels) the image is resized to before the ViT; ``None``
-            = the model's native input size (224 for ViT-B-16). Both sides are rounded
-            to multiples of the patch size, so the map is ``[size/patch, ...]``.
-        scales: multi-scale crop pyramid (LERF-style); ``(1.0,)`` = dense map only.
-            See :class:`rh3dgs.teachers.clip.ClipTeacher`.
-        crop_overlap: overlap of neighbouring crops in the pyramid, in [0, 1).
-        dense_path: ``"maskclip"`` (last block keeps residual + MLP, as MaskCLIP) or
-            ``"value-only"`` (out_proj(v) alone).
-        device: ``"auto"`` (CUDA if available), ``"cpu"``, ``"cuda:0"``...
-        cache_dir: root of the on-disk feature cache (default ``<data>/.rh3dgs_cache``,
-            :data:`rh3dgs.teachers.maps.DEFAULT_CACHE_DIRNAME`).
-        features_dir: for "precomputed": folder with ``<image stem>.npy`` maps and
-            ``text_embeddings.npz`` (default ``<data>/features``).
-        seed: for "tiny-clip": seed of the random initialisation.
-        batch_size: crops per forward pass in the pyramid.
-    """
+    """Everything needed to build a teacher (a field of the training and lift configs)."""
 
     name: str = "clip"
+    """Registry name: clip, tiny-clip or precomputed."""
     model: str = "ViT-B-16"
+    """clip: open_clip architecture."""
     pretrained: Optional[str] = "laion2b_s34b_b88k"
+    """clip: open_clip weights tag (downloaded)."""
     checkpoint: Optional[str] = None
+    """clip: local weights file; takes precedence over pretrained."""
     image_size: Optional[int] = None
+    """clip: image short side for the ViT (None: the model's)."""
     scales: Tuple[float, ...] = (1.0,)
+    """clip: crop scales of the pyramid (1.0: dense map only)."""
     crop_overlap: float = 0.5
+    """clip: overlap of neighbouring crops, in [0, 1)."""
     dense_path: str = "maskclip"
+    """clip: maskclip (residual + MLP kept) or value-only."""
     device: str = "auto"
+    """auto (CUDA if available), cpu, cuda:0, ..."""
     cache_dir: Optional[str] = None
+    """Root of the feature cache (None: DATA/.rh3dgs_cache)."""
     features_dir: Optional[str] = None
+    """precomputed: folder of the .npy maps (None: DATA/features)."""
     seed: int = 0
+    """tiny-clip: seed of the random initialisation."""
     batch_size: int = 64
+    """clip: crops per forward pass."""
 
     def teacher_kwargs(self, data_dir: Optional[PathLike] = None) -> Dict[str, Any]:
         """Keyword arguments for :func:`make_teacher` for this config's ``name`` (defaults that

@@ -41,19 +41,22 @@ __all__ = ["ViewerConfig", "Viewer", "RenderCache", "check_port", "initial_pose"
 
 @dataclass
 class ViewerConfig:
+    """Settings of the viewer's server (rh3dgs view)."""
+
     host: str = "127.0.0.1"
-    """Address to bind (127.0.0.1: this machine only; anything else prints a warning)."""
+    """Address to bind (127.0.0.1: this machine only; others print a warning)."""
     port: int = 8080
     """TCP port; 0 picks a free one."""
     max_res: Optional[int] = None
-    """Long side of still frames in pixels (default 512 on CPU, 1024 on CUDA)."""
+    """Long side of still frames in pixels (None: 512 on CPU, 1024 on CUDA)."""
     moving_res: Optional[int] = None
-    """Long side of frames while the camera moves (default max_res / 2)."""
+    """Long side of frames while the camera moves (None: max_res / 2)."""
     still_delay: float = 0.25
-    """Seconds without camera messages after which the camera counts as still."""
+    """Seconds without camera messages after which the camera is still."""
     output_dir: Path = Path("outputs/view")
     """Where the export button writes selections."""
     jpeg_quality: int = 90
+    """JPEG quality of the still frames sent to the browser, 1-100 (moving ones: 60)."""
 
 
 def check_port(host: str, port: int) -> int:
