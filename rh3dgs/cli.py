@@ -49,7 +49,9 @@ from .io.transforms import ImageOptions
 from .lifting import LiftConfig
 from .presets import as_config, load_preset
 from .progress import track
+from . import query as query_types
 from .query import CANONICAL_NEGATIVES, THRESHOLD, format_queries, parse_queries
+from .ranges import RangeError, check_fields, command_line
 from .teachers import TeacherConfig
 from .viewer.cli import View
 
@@ -181,11 +183,7 @@ def _synthetic_sizes(scene: SceneOptions, output) -> None:
     from .io.outputs import check_disk_space
     from .memory import check_memory, image_memory_estimate
 
-    views, size = scene.num_views, scene.image_size
-    if views < 1:
-        raise ConfigError(f"--views {views}: the synthetic scene needs at least 1 view")
-    if size < 8:
-        raise ConfigError(f"--size {size}: images of at least 8 x 8 pixels")
+    views, size = scene.num_views, scene.image_size  # >= 1 and >= 8: SceneConfig's ranges
     total = views + max(0, scene.heldout_views)
     check_memory(image_memory_estimate(size, size) + total * _SYNTH_MEMORY_PER_VIEW,
                  f"{total} synthetic views of {size}x{size}", knobs=["--size N (smaller images)", "--views N (fewer)"])
@@ -433,6 +431,9 @@ class Lift:
         teacher = tcfg.setup(data)
         d_teacher = int(teacher.dim)
         cfg = self.lift.config()
+        if cfg.latent_dim < 1:  # the API's lift may skip the decoder; a scene folder stores latents and decoder
+            raise RangeError("LiftConfig", "latent_dim", cfg.latent_dim, ">= 1 for a scene folder (0 skips the "
+                             "decoder: rh3dgs.lift in Python)", flag="--latent-dim")
         if self.streaming:
             cfg.cache_projections, cfg.compact_cache = False, False
 
@@ -460,7 +461,7 @@ class Lift:
 
 Negatives = Annotated[Optional[str], arg(help="semicolon-separated negative phrases", metavar="TEXT",
                                          help_behavior_hint=f"(default: {format_queries(CANONICAL_NEGATIVES)})")]
-Threshold = Annotated[float, arg(help="selection threshold on the relevancy")]
+Threshold = Annotated[query_types.Threshold, arg(help="selection threshold on the relevancy, in [0, 1]")]
 
 
 @dataclass
@@ -478,6 +479,9 @@ class Query:
     views: Annotated[Optional[Tuple[int, ...]], arg(metavar="INT ...", help_behavior_hint="(default: all)")] = None
     """camera indices"""
     overwrite: Overwrite = False
+
+    def __post_init__(self) -> None:
+        check_fields(self)  # --threshold in [0, 1]
 
     def main(self) -> int:
         from .api import load
@@ -545,6 +549,9 @@ class Select:
     latents: Latents = False
     latent_dtype: LatentDtype = "float32"
     overwrite: Overwrite = False
+
+    def __post_init__(self) -> None:
+        check_fields(self)  # --threshold in [0, 1]
 
     def main(self) -> int:
         from .api import load
@@ -734,7 +741,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = _global_flag(argv, "--debug")
     try:
-        root = parse(argv)
+        with command_line(argv):  # range errors name the option as typed (rh3dgs.ranges)
+            root = parse(argv)
         from .memory import memory_limit
 
         with memory_limit(root.max_memory):

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Annotated, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +37,7 @@ from torch import Tensor
 
 from .cameras import Cameras
 from .errors import ConfigError
+from .ranges import Range, check_fields
 from .gaussians import Gaussians
 from .lifting import LiftConfig, initial_field, pca_decoder
 from .method.objective import ObjectiveConfig, SemanticObjective
@@ -51,21 +52,21 @@ __all__ = ["DistillConfig", "DistillResult", "distill"]
 class DistillConfig:
     """Settings of :func:`distill`."""
 
-    steps: int = 200
+    steps: Annotated[int, Range(ge=0)] = 200
     """Optimisation steps."""
-    views_per_step: int = 2
+    views_per_step: Annotated[int, Range(ge=1)] = 2
     """Views rendered per step."""
-    latent_dim: int = 16
+    latent_dim: Annotated[int, Range(ge=1)] = 16
     """d, the latent dimension."""
-    lr: float = 0.002
+    lr: Annotated[float, Range(gt=0)] = 0.002
     """Adam learning rate of the latents."""
-    decoder_lr: float = 0.0
+    decoder_lr: Annotated[float, Range(ge=0)] = 0.0
     """Adam learning rate of the decoder (0 = keep the initial decoder)."""
-    background_lr: float = 0.01
+    background_lr: Annotated[float, Range(ge=0)] = 0.01
     """Adam learning rate of the background latent."""
     init: str = "lift"
     """lift (the training-free lift's latents and decoder) or pca (PCA decoder, random latents)."""
-    init_scale: float = 0.1
+    init_scale: Annotated[float, Range(gt=0)] = 0.1
     """Std of random initial latents (init pca, and Gaussians the lift leaves invalid)."""
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     """The semantic objective (VCD / VFM / LIC switches and their settings)."""
@@ -73,22 +74,17 @@ class DistillConfig:
     """Settings of the lift of init lift (its latent_dim is latent_dim's)."""
     seed: int = 0
     """Seed of the view order, the random initial latents and LIC's sampling."""
-    view_order: Optional[Tuple[int, ...]] = None
+    view_order: Optional[Annotated[Tuple[int, ...], Range(ge=0, min_len=1)]] = None
     """The views of the steps, views_per_step at a time (None: epochs of a permutation drawn from seed)."""
-    min_weight: float = 1e-6
+    min_weight: Annotated[float, Range(ge=0)] = 1e-6
     """init="pca": Gaussians whose total compositing weight on covered pixels is below this are invalid."""
-    tile_size: int = 16
+    tile_size: Annotated[int, Range(ge=1)] = 16
     """Rasterizer tile side in pixels."""
 
     def __post_init__(self) -> None:
-        if self.steps < 0 or self.views_per_step < 1 or self.latent_dim < 1:
-            raise ConfigError("DistillConfig: steps >= 0, views_per_step >= 1 and latent_dim >= 1 are required")
+        check_fields(self)  # every numeric field against its declared Range (rh3dgs.ranges)
         if self.init not in ("pca", "lift"):
             raise ConfigError(f"DistillConfig.init must be 'pca' or 'lift', got {self.init!r}")
-        if self.view_order is not None and (len(self.view_order) == 0 or min(self.view_order) < 0):
-            raise ConfigError("DistillConfig.view_order must list view indices >= 0")
-        if not (self.lr > 0 and self.decoder_lr >= 0 and self.background_lr >= 0):
-            raise ConfigError("DistillConfig: lr must be > 0, decoder_lr and background_lr >= 0")
 
     @property
     def label(self) -> str:

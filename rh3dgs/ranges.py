@@ -36,7 +36,8 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 from .errors import ConfigError
 
-__all__ = ["Range", "RangeError", "check_fields", "check_value", "field_ranges", "option_name", "command_line"]
+__all__ = ["Range", "RangeError", "check_fields", "check_value", "check_setting", "field_ranges", "option_name",
+           "command_line"]
 
 _ARGV: contextvars.ContextVar = contextvars.ContextVar("rh3dgs_command_line", default=None)
 
@@ -76,10 +77,11 @@ class Range:
     finite: bool = True
     min_len: Optional[int] = None
 
-    def rule(self) -> str:
+    def rule(self, value: Any = None) -> str:
+        """What a value must be, e.g. "a finite number > 0" ("an integer >= 1" said of an int)."""
         parts = [f"{op} {v:g}" for op, v in ((">", self.gt), (">=", self.ge), ("<", self.lt), ("<=", self.le))
                  if v is not None]
-        what = "a finite number" if self.finite else "a number"
+        what = ("an integer" if type(value) is int else "a finite number" if self.finite else "a number")
         return f"{what} {' and '.join(parts)}" if parts else what
 
     def ok(self, v: Any) -> bool:
@@ -99,9 +101,9 @@ class Range:
                 return value, f"{self.min_len} or more values"
             for v in value:
                 if not self.ok(v):
-                    return v, f"{self.rule()} (each value)"
+                    return v, f"{self.rule(v)} (each value)"
             return None
-        return None if self.ok(value) else (value, self.rule())
+        return None if self.ok(value) else (value, self.rule(value))
 
 
 def _ranges_of(tp: Any) -> Tuple[Range, ...]:
@@ -114,10 +116,15 @@ def _ranges_of(tp: Any) -> Tuple[Range, ...]:
     return ()
 
 
-@functools.lru_cache(maxsize=None)
 def field_ranges(cls: type) -> Dict[str, Tuple[Range, ...]]:
     """{field name: its Range markers} of a dataclass, from its (and its bases') annotations."""
-    out: Dict[str, Tuple[Range, ...]] = {}
+    return {name: ranges for name, (ranges, _) in _declared(cls).items()}
+
+
+@functools.lru_cache(maxsize=None)
+def _declared(cls: type) -> Dict[str, Tuple[Tuple[Range, ...], str]]:
+    """{field name: (its Range markers, the name of the class that declares them)}."""
+    out: Dict[str, Tuple[Tuple[Range, ...], str]] = {}
     for klass in reversed(cls.__mro__):  # a subclass re-declaring a field without a Range keeps the base's
         if not dataclasses.is_dataclass(klass):
             continue
@@ -125,10 +132,11 @@ def field_ranges(cls: type) -> Dict[str, Tuple[Range, ...]]:
             hints = typing.get_type_hints(klass, include_extras=True)
         except Exception:  # noqa: BLE001 - an annotation that cannot be evaluated: no ranges from this class
             continue
+        own = klass.__dict__.get("__annotations__", {})  # the fields this class itself declares
         for f in dataclasses.fields(klass):
-            r = _ranges_of(hints.get(f.name))
+            r = _ranges_of(hints.get(f.name)) if f.name in own else ()
             if r:
-                out[f.name] = r
+                out[f.name] = (r, klass.__name__)
     return out
 
 
@@ -165,13 +173,20 @@ def check_value(name: str, value: Any, annotated: Any, owner: Optional[str] = No
     return value
 
 
+def check_setting(cls: type, name: str, value: Any) -> Any:
+    """``value`` if it is inside the range the dataclass ``cls`` declares for its field ``name`` (a function
+    argument that is that setting, e.g. ``check_port(host, port)`` against ``ViewerConfig.port``)."""
+    ranges, owner = _declared(cls).get(name, ((), cls.__name__))
+    for r in ranges:
+        bad = r.problem(value)
+        if bad is not None:
+            raise RangeError(owner, name, bad[0], bad[1], flag=option_name(cls, name))
+    return value
+
+
 def check_fields(obj: Any) -> None:
     """Check every field of the dataclass instance ``obj`` that declares a :class:`Range` (the one check every
     config dataclass runs in ``__post_init__``); raises :class:`RangeError` for the first one outside."""
     cls = type(obj)
-    for name, ranges in field_ranges(cls).items():
-        value = getattr(obj, name, None)
-        for r in ranges:
-            bad = r.problem(value)
-            if bad is not None:
-                raise RangeError(cls.__name__, name, bad[0], bad[1], flag=option_name(cls, name))
+    for name in _declared(cls):
+        check_setting(cls, name, getattr(obj, name, None))

@@ -67,6 +67,7 @@ from torch import Tensor
 
 from ..cameras import Cameras, OPENGL_TO_OPENCV
 from ..errors import Rh3dgsError
+from ..ranges import RangeError, check_fields
 from ..gaussians import SH_C0, Gaussians
 from .coordinate_frames import (DATAPARSER_TRANSFORMS, Similarity, nerfstudio_to_data, rotate_sh, transform_c2w,
                      transform_gaussians)
@@ -149,6 +150,10 @@ def _python_object(loader, suffix: str, node):
     if not all(isinstance(k, str) for k in state):
         raise _refuse(node, "has field names that are not strings")
     vars(obj).update(state)
+    try:
+        check_fields(obj)  # the numbers a run stores are checked as the command line checks them
+    except RangeError as e:
+        raise _refuse(node, f"holds a value out of range: {e}") from None
 
 
 def _python_apply(loader, suffix: str, node):

@@ -54,7 +54,7 @@ import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Annotated, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -62,6 +62,7 @@ import torch
 from ..cameras import OPENGL_TO_OPENCV, Cameras
 from ..errors import CameraFormatError, ConfigError, NonFiniteError, ShapeError
 from ..memory import read_text_sized
+from ..ranges import Range, check_fields
 from .atomic import atomic_save_json
 
 __all__ = ["load_transforms", "save_transforms", "ImageOptions", "SUPPORTED_CAMERA_MODELS"]
@@ -223,12 +224,15 @@ class ImageOptions:
     """How :func:`load_transforms` turns a dataset's photos into the images the cameras see
     (the ``rh3dgs`` commands' ``--downscale`` / ``--skip-missing-images`` / ``--no-undistort``)."""
 
-    downscale: int = 1
+    downscale: Annotated[int, Range(ge=1)] = 1
     """Divide image sizes by this (images_N folders if present)."""
     skip_missing_images: bool = False
     """Leave out frames whose image is missing (one warning)."""
     undistort: bool = True
     """Undistort OpenCV lens distortion (off: refuse it)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)  # --downscale >= 1 (rh3dgs.ranges)
 
 
 def load_transforms(path_or_dir: PathLike, check_images: bool = True, require_images: bool = True, *,

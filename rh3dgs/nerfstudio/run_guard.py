@@ -17,7 +17,8 @@ command. Two functions do it: ``nerfstudio.scripts.train.main`` (``ns-train --lo
   record, sizes against the memory budget), since nerfstudio loads it with a plain ``torch.load``;
 * **our errors**: ``sys.excepthook`` prints an uncaught :class:`rh3dgs.errors.Rh3dgsError` as one line
   ``<program>: error: <message>`` (exit status 1, as any uncaught error) instead of a traceback; any
-  other exception keeps its traceback. ``RH3DGS_DEBUG=1`` shows tracebacks of ours too.
+  other exception keeps its traceback. ``RH3DGS_DEBUG=1`` shows tracebacks of ours too. A value out of
+  its declared range (:mod:`rh3dgs.ranges`) names the ns-* option it came from.
 
 When it runs: nerfstudio discovers its methods when ``nerfstudio.configs.method_configs`` is imported,
 which every ns-* script does (``train.py`` directly, the others through ``eval_utils``) before it parses its
@@ -139,4 +140,8 @@ def install() -> None:
             return
         yaml.load = _guarded_load
         sys.excepthook = _excepthook(sys.excepthook)
+        if sys.argv and Path(sys.argv[0]).name.startswith("ns-"):
+            from ..ranges import _ARGV
+
+            _ARGV.set(sys.argv[1:])  # the command line tyro is about to parse: range errors name its options
         _installed = True
