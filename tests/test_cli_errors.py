@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from _hostile import inflating_npz as _inflating_npz, png_claiming as _png_claiming
 from fuzz.targets import seed_dir
 from rh3dgs.cli import main
 
@@ -50,38 +51,6 @@ def _frames(n):
 
 def _long_path(tj):
     tj["frames"][0]["file_path"] = LONG + ".png"
-
-
-def _inflating_npz(path: Path, member: str, shape, dtype, extra=None) -> Path:
-    """An .npz whose member ``member`` is a compressed array of zeros of ``shape`` (a small file that inflates to
-    the full array: what a zip bomb is); ``extra``: other members, written as they are."""
-    import zipfile
-
-    dtype = np.dtype(dtype)
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
-        for k, v in (extra or {}).items():
-            with z.open(f"{k}.npy", "w") as f:
-                np.lib.format.write_array(f, np.asarray(v))
-        with z.open(f"{member}.npy", "w", force_zip64=True) as f:
-            np.lib.format.write_array_header_1_0(f, {"descr": dtype.str, "fortran_order": False, "shape": shape})
-            left, block = int(np.prod(shape)) * dtype.itemsize, bytes(1 << 22)
-            while left > 0:
-                f.write(block[:left])
-                left -= len(block)
-    return path
-
-
-def _png_claiming(path: Path, w: int, h: int) -> Path:
-    """A PNG whose header claims w x h pixels (and holds almost no data): PIL reads the size lazily."""
-    import struct
-    import zlib
-
-    def chunk(kind, data):
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
-                     + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b""))
-    return path
 
 
 def _scene_copy(root: Path, name: str, edit=None, records: bool = True) -> Path:
@@ -309,6 +278,31 @@ def _cases(f, out="OUT"):
          ["rh3dgs.json [version]", "newer rh3dgs"]),
         ("cache manifest of a newer format", ["extract", "--data", data, "--teacher", "tiny-clip", "--cache",
                                               d["newcache"]], ["manifest.json [format]", "newer rh3dgs"]),
+        # ---- numbers that are not numbers (rh3dgs.ranges: the option as typed, the rule, the value)
+        ("select --threshold nan", ["select", scene, "red mug", "--threshold", "nan", "--output", out],
+         ["--threshold", "nan"]),
+        ("query --threshold 2", ["query", scene, "red mug", "--threshold", "2", "--output", out], ["--threshold", "2"]),
+        ("lift --latent-dim 0", ["lift", ply, "--data", d["goodfeat"], "--output", out, "--latent-dim", "0"],
+         ["--latent-dim", "got 0"]),
+        ("lift --tile-size 0", ["lift", ply, "--data", d["goodfeat"], "--output", out, "--tile-size", "0"],
+         ["--tile-size", "got 0"]),
+        ("lift --fill-neighbors 0", ["lift", ply, "--data", d["goodfeat"], "--output", out, "--fill-neighbors", "0"],
+         ["--fill-neighbors", "got 0"]),
+        ("lift --min-coverage nan", ["lift", ply, "--data", d["goodfeat"], "--output", out, "--min-coverage", "nan"],
+         ["--min-coverage", "nan"]),
+        ("lift --fill-radius nan", ["lift", ply, "--data", d["goodfeat"], "--output", out, "--fill-radius", "nan"],
+         ["--fill-radius", "nan"]),
+        ("lift --vcd.edge-radius -1", ["lift", ply, "--data", d["goodfeat"], "--output", out, "--vcd.edge-radius", "-1"],
+         ["--vcd.edge-radius", "got -1"]),
+        ("lift --delta inf", ["lift", ply, "--data", d["goodfeat"], "--output", out, "--delta", "inf"],
+         ["--delta", "inf"]),
+        ("synth --fov-deg 180", ["synth", "--output", out, "--fov-deg", "180"], ["--fov-deg", "< 180"]),
+        ("synth --orbit-heights with no value", ["synth", "--output", out, "--orbit-heights"], ["--orbit-heights"]),
+        ("synth --gaussians-per-unit-area nan", ["synth", "--output", out, "--gaussians-per-unit-area", "nan"],
+         ["--gaussians-per-unit-area", "nan"]),
+        ("view --port 70000", ["view", scene, "--port", "70000"], ["--port", "65535"]),
+        ("extract --batch-size 0", ["extract", "--data", data, "--teacher", "tiny-clip", "--batch-size", "0"],
+         ["--batch-size", "got 0"]),
         ("two images of one name, one feature map", ["lift", ply, "--data", d["twins"], "--output", out, "--frame",
                                                      "data"], ["img0.npy", "two different images"]),
     ]
