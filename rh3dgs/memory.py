@@ -32,6 +32,7 @@ import contextvars
 import math
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Iterator, Optional, Sequence, Tuple, Union
 
@@ -231,13 +232,17 @@ def read_text_sized(path: Union[str, os.PathLike], what: str, factor: int = PARS
                     encoding: str = "utf-8") -> str:
     """The UTF-8 text of ``path`` (a JSON / YAML file to parse), after checking ``factor`` x its size against
     the budget (:func:`check_memory`): a multi-gigabyte transforms.json or config.yml is refused from its
-    size, before it is read or parsed. Raises OSError / UnicodeDecodeError as ``Path.read_text`` does.
+    size, before it is read or parsed. Raises OSError / UnicodeDecodeError as ``Path.read_text`` does, and
+    ValueError for anything but a regular file.
 
     Example::
 
         meta = json.loads(read_text_sized("scene/rh3dgs.json", "a scene description"))
     """
-    size = os.stat(path).st_size
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):  # a FIFO or a device has no size to check and may never end
+        raise ValueError(f"{path} is not a regular file")
+    size = st.st_size
     check_memory(size * factor, f"{path}: parsing {what} of {format_bytes(size)}",
                  detail=f"~{factor} bytes of parsed objects per byte of text")
     return Path(path).read_text(encoding=encoding)

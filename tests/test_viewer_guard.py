@@ -385,6 +385,7 @@ def _crafted(threshold_id: str):
     nan, inf = float("nan"), float("inf")
     return [
         ("bad msgpack", b"\xc1\xff\x00\x93"),
+        ("a text frame", '{"type": "ViewerCameraMessage"}'),
         ("not a mapping", enc([1, 2, 3])),
         ("unknown message type", enc({"type": "NoSuchMessage", "x": 1})),
         ("camera with missing fields", enc({"type": "ViewerCameraMessage", "wxyz": [1, 0, 0, 0]})),

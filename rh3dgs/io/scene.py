@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Union
@@ -142,26 +143,31 @@ def _file_record(path: Path) -> Dict[str, Any]:
 
 
 def _check_files(meta_path: Path, meta: dict) -> None:
-    """Every file rh3dgs.json's ``files`` records has the recorded size and sha256 (scenes written before the
-    records existed have none: nothing to check)."""
+    """Every file the scene names (``ply``, ``field``, ``transforms``) has the size and sha256 rh3dgs.json's
+    ``files`` records for it (scenes written before the records existed have none: nothing to check)."""
     files = meta.get("files")
     if files is None:
         return
     if not isinstance(files, dict):
         raise InputFileError(meta_path, f"must be an object of file records, got {json.dumps(files)[:60]}",
                              field="files")
-    for name, rec in files.items():
-        path = meta_path.parent / name
+    for key in ("ply", "field", "transforms"):
+        name = meta.get(key)
+        rec = files.get(name) if isinstance(name, str) else None
+        if rec is None:
+            continue
         if not isinstance(rec, dict) or not isinstance(rec.get("sha256"), str) or type(rec.get("bytes")) is not int:
             raise InputFileError(meta_path, f"has a malformed record for {name!r}", field="files")
+        path = meta_path.parent / name
         try:
-            size = path.stat().st_size
-            if size == rec["bytes"]:
-                digest = file_sha256(path)
+            st = os.stat(path)
+            if not stat.S_ISREG(st.st_mode):  # never hash a device or a FIFO (it would not end)
+                raise InputFileError(path, "is not a regular file")
+            digest = file_sha256(path) if st.st_size == rec["bytes"] else None
         except (OSError, ValueError) as exc:
             raise InputFileError(path, f"cannot be read ({exc})") from None
-        if size != rec["bytes"] or digest != rec["sha256"]:
-            what = (f"{size} bytes, rh3dgs.json records {rec['bytes']}" if size != rec["bytes"]
+        if digest != rec["sha256"]:
+            what = (f"{st.st_size} bytes, rh3dgs.json records {rec['bytes']}" if digest is None
                     else f"sha256 {digest[:12]}..., rh3dgs.json records {rec['sha256'][:12]}...")
             raise InputFileError(path, f"changed since rh3dgs wrote the scene ({what}): damaged, edited or "
                                        "rewritten by another tool; re-create the scene (rh3dgs lift) or restore it")

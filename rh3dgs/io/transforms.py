@@ -207,7 +207,7 @@ def _read_json_text(path: Path) -> Tuple[Any, str]:
         text = read_text_sized(path, "a transforms.json", encoding="utf-8-sig")  # its size checked first
     except UnicodeDecodeError as e:
         raise CameraFormatError(path, f"not UTF-8 text (byte {e.start}); is this a JSON file?") from e
-    except OSError as e:
+    except (OSError, ValueError) as e:  # ValueError: not a regular file
         raise CameraFormatError(path, f"cannot read file: {e}") from e
     try:
         return json.loads(text), text

@@ -28,7 +28,7 @@ The checks run in ``process_request`` of the ``websockets`` server viser starts 
 ``websockets.server.serve`` call, redirected through :class:`RequestGuard`), before viser's own handler.
 
 **Messages** a connected client sends are checked too (:func:`message_problem`), for both viewers: bytes that
-are not a viser message (bad msgpack, an unknown type, missing or extra fields), a camera that is not a camera
+are not a viser message (bad msgpack, a text frame, an unknown type, missing or extra fields), a camera that is not a camera
 (non-finite or zero quaternion, position, look-at or up vector; a field of view outside (0, pi); an aspect
 <= 0; values of the wrong type) and GUI updates that are not a mapping or carry NaN / Inf are dropped with one
 line on stderr (``rh3dgs: viewer: ignored a message from client N: ...``), so the viewer keeps its last good
@@ -358,6 +358,21 @@ def message_problem(message) -> Optional[str]:
     return None
 
 
+class _BinaryFrames:
+    """A client connection whose text frames reach viser as bytes (its consumer asserts binary frames and closed
+    the connection with a traceback on a text one); :class:`CheckedMessages` then drops them with one line."""
+
+    def __init__(self, websocket):
+        self._ws = websocket
+
+    def __getattr__(self, name):
+        return getattr(self._ws, name)
+
+    async def recv(self):
+        raw = await self._ws.recv()
+        return raw.encode("utf-8", "replace") if isinstance(raw, str) else raw
+
+
 class _Dropped:
     """Stands in for a refused message: no handler is registered for its type."""
 
@@ -448,7 +463,11 @@ def install(explicit_host: Optional[str] = None) -> None:
             srv = getattr(_tls, "server", None)
             root = getattr(srv, "_http_server_root", None) if process_request is not None else None
             guard = RequestGuard(root, host, process_request)
-            return real_serve(ws_handler, host, port, *args, process_request=guard, **kwargs)
+
+            async def handler(websocket, *rest):  # viser's loop asserts binary frames: give it bytes
+                return await ws_handler(_BinaryFrames(websocket), *rest)
+
+            return real_serve(handler, host, port, *args, process_request=guard, **kwargs)
 
         @functools.wraps(worker)
         def _background_worker(self, *args, **kwargs):
