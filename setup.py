@@ -127,6 +127,8 @@ setup(
         "nerfstudio.method_configs": [
             "rh3dgs = rh3dgs.nerfstudio.config:rh3dgs_method",
             "rh3dgs-lite = rh3dgs.nerfstudio.config:rh3dgs_lite_method",
+            "splatfacto-native = rh3dgs.nerfstudio.config:splatfacto_native_method",
+            "splatfacto-native-lite = rh3dgs.nerfstudio.config:splatfacto_native_lite_method",
         ],
     },
     ext_modules=_extensions(),

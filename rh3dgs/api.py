@@ -179,13 +179,13 @@ class Scene:
         return select_gaussians(self.relevancy([query], negatives), threshold)
 
     def export_ply(self, path, mask: Optional[Tensor] = None, latents: bool = False,
-                   latent_dtype: str = "float32") -> Path:
+                   latent_dtype: str = "float32", extra: bool = False) -> Path:
         """Write the (selected) Gaussians as a PLY.
 
-        By default a plain INRIA 3DGS PLY that every 3DGS tool reads (no ``sem_*``, every property
-        a float: ``save_ply(plain=True)``); ``latents=True`` adds the field's latents as ``sem_*``
-        (float32 under rh3dgs's marker, or the compact rh3dgs-only ``latent_dtype="float16"``;
-        see :mod:`rh3dgs.io.ply`).
+        By default a plain INRIA 3DGS PLY that every 3DGS tool reads: exactly INRIA's properties, every one a
+        float (``save_ply(plain=True)``); ``extra=True`` adds the scene's other per-Gaussian columns
+        (``class_id``...), ``latents=True`` the field's latents as ``sem_*`` (float32 under rh3dgs's marker, or the
+        compact rh3dgs-only ``latent_dtype="float16"``; see :mod:`rh3dgs.io.ply`).
         """
         from .io.outputs import check_not_input, scene_inputs
         from .io.ply import save_ply
@@ -194,7 +194,7 @@ class Scene:
             check_not_input(path, scene_inputs(self.path))
         g = self.gaussians
         if not latents:
-            return save_ply(path, g, mask=mask, plain=True)
+            return save_ply(path, g, mask=mask, plain=True, extra=extra)
         if self.field is not None:
             g = Gaussians(g.means, g.scales, g.quats, g.opacities, g.sh0, g.shN, self.field.latents, dict(g.extra))
         return save_ply(path, g, mask=mask, latent_dtype=latent_dtype)

@@ -2,7 +2,7 @@
 
     rh3dgs demo   [--output DIR]            synthetic scene -> renders (+ lift and queries)
     rh3dgs synth  --output DIR [--seed S]   write a labelled synthetic nerfstudio dataset
-    rh3dgs render SCENE.ply --transforms T  render a PLY from the cameras of a transforms.json
+    rh3dgs render SCENE.ply [--transforms T] render a splat from a transforms.json's cameras, or an orbit
     rh3dgs extract --data DIR --teacher T   teacher features for the dataset's images (cached;
                                             data-parallel: torchrun --nproc_per_node=K -m rh3dgs.cli extract ...)
     rh3dgs lift SCENE.ply --data DIR        training-free lift -> semantic scene folder
@@ -68,8 +68,8 @@ class UsageError(ConfigError):
 class TeacherOptions(TeacherConfig):
     """TeacherConfig as the commands name it: --teacher (name), --cache (cache_dir)."""
 
-    name: Annotated[str, arg(name="teacher", help="precomputed (DATA/features maps), clip or tiny-clip")] = \
-        "precomputed"
+    name: Annotated[str, arg(name="teacher", help="auto (the teacher of DATA's feature cache, else precomputed), "
+                                                  "precomputed (DATA/features maps), clip or tiny-clip")] = "auto"
     cache_dir: Annotated[Optional[str], arg(name="cache")] = TeacherConfig.cache_dir
 
     def config(self) -> TeacherConfig:
@@ -153,11 +153,13 @@ def _transforms_file(path) -> Path:
 
 
 def _save_render_pngs(result, names: List[str], out_dir: Path, start: int = 0) -> List[Path]:
-    """Write RGB, depth and alpha PNGs of a RenderResult; returns the RGB paths."""
+    """Write the RGB and alpha PNGs of a RenderResult, its depth as a PNG with a colour bar in scene units and as
+    ``*_depth.npy`` (float32, 0 where alpha <= 0.5); returns the RGB paths."""
+    import numpy as np
     import torch
 
-    from .io.atomic import atomic_save_png
-    from .viz import colorize
+    from .io.atomic import atomic_save_png, atomic_write
+    from .viz import colorize, with_colorbar
 
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -165,8 +167,13 @@ def _save_render_pngs(result, names: List[str], out_dir: Path, start: int = 0) -
         name = names[start + b]
         rgb = (result.rgb[b].clamp(0, 1) * 255).round().to(torch.uint8).numpy()
         atomic_save_png(out_dir / f"{name}_rgb.png", rgb)
-        d = torch.where(result.alpha[b] > 0.5, result.depth[b], torch.zeros_like(result.depth[b]))
-        atomic_save_png(out_dir / f"{name}_depth.png", colorize(d, mask=result.alpha[b] > 0.5))
+        seen = result.alpha[b] > 0.5
+        d = torch.where(seen, result.depth[b], torch.zeros_like(result.depth[b]))
+        lo, hi = (float(d[seen].min()), float(d[seen].max())) if seen.any() else (0.0, 1.0)
+        atomic_save_png(out_dir / f"{name}_depth.png", with_colorbar(colorize(d, seen, lo, hi), lo, hi,
+                                                                     "depth (scene units)"))
+        with atomic_write(out_dir / f"{name}_depth.npy") as f:
+            np.save(f, d.numpy().astype(np.float32), allow_pickle=False)
         atomic_save_png(out_dir / f"{name}_alpha.png", (result.alpha[b].clamp(0, 1) * 255).round().to(torch.uint8).numpy())
         written.append(out_dir / f"{name}_rgb.png")
     return written
@@ -212,15 +219,33 @@ class Synth:
 
 
 @dataclass
+class OrbitOptions:
+    """The cameras rh3dgs render places around a scene that comes without a transforms.json."""
+
+    orbit: int = 36
+    """number of cameras on the orbit (one turn)"""
+    size: int = 512
+    """image width and height in pixels"""
+    up: Literal["auto", "x", "-x", "y", "-y", "z", "-z"] = "auto"
+    """the scene's up axis (auto: detected from the Gaussians' spread, rh3dgs.cameras.detect_up)"""
+    fov: float = 50.0
+    """field of view in degrees"""
+    elevation: float = 20.0
+    """height of the orbit above the scene's centre, in degrees"""
+
+
+@dataclass
 class Render:
-    """Render a 3DGS PLY from the cameras of a transforms.json."""
+    """Render a 3DGS PLY (INRIA, SuperSplat compressed, SPZ) from the cameras of a transforms.json, or, without one,
+    from an orbit around it (PNGs, a turntable GIF and the orbit's transforms.json)."""
 
     scene: ScenePath
-    """INRIA-format 3DGS PLY"""
-    transforms: Annotated[str, arg(metavar="PATH")]
-    """nerfstudio transforms.json (or its folder)"""
+    """3DGS PLY (INRIA layout or SuperSplat compressed) or SPZ"""
     output: Output
     """folder of the RGB, depth and alpha PNGs"""
+    transforms: Annotated[Optional[str], arg(metavar="PATH")] = None
+    """nerfstudio transforms.json (or its folder); without one, an orbit around the scene (--orbit, --up...)"""
+    camera: Annotated[OrbitOptions, arg(name="")] = field(default_factory=OrbitOptions)
     images: Images = field(default_factory=ImageOptions)
     overwrite: Overwrite = False
 
@@ -228,27 +253,66 @@ class Render:
         import torch
 
         from .io.ply import load_ply
-        from .memory import check_memory, render_memory_estimate
         from .rendering import render
 
-        out = check_output_dir(self.output, self.overwrite, [self.scene, _transforms_file(self.transforms)])
+        inputs = [self.scene] + ([_transforms_file(self.transforms)] if self.transforms else [])
+        out = check_output_dir(self.output, self.overwrite, inputs)
         gaussians = load_ply(self.scene, latents=False)  # RGB only: sem_* columns are not read
-
-        def preflight(views: int, w: int, h: int) -> None:  # one view at a time
-            check_memory(render_memory_estimate(len(gaussians), h, w), f"rendering {len(gaussians)} Gaussians at "
-                         f"{w}x{h}", knobs=["--downscale N (a smaller image)"])
-
-        cams, images = _load_cameras(self.images, None, self.transforms, check_images=False, require_images=False,
-                                     preflight=preflight)
-        names = _distinct([p.stem[:80] for p in images], "views")  # images of one name in different folders
+        cams, names = self._cameras(gaussians)
+        names = _distinct(names, "views")  # images of one name in different folders
+        written, extra = [], ""
         with atomic_folder(out) as building:  # swapped in whole when every view is written
             for i in track(range(len(cams)), description="render"):
                 with torch.no_grad():
                     r = render(gaussians, cams[i])
                 with _writing(out):
-                    _save_render_pngs(r, names, building, start=i)
-        print(f"rendered {len(cams)} views of {len(gaussians)} Gaussians to {out}")
+                    written += _save_render_pngs(r, names, building, start=i)
+            if self.transforms is None:
+                with _writing(out):
+                    extra = self._turntable(building, cams, written).replace(str(building), str(out))
+        print(f"rendered {len(cams)} views of {len(gaussians)} Gaussians to {out}{extra}")
         return 0
+
+    def _cameras(self, gaussians):
+        """The transforms.json's cameras, or the orbit's; with the views' names."""
+        from .cameras import detect_up, orbit_cameras, scene_bounds
+        from .memory import check_memory, render_memory_estimate
+
+        def preflight(views: int, w: int, h: int) -> None:  # one view at a time
+            check_memory(render_memory_estimate(len(gaussians), h, w), f"rendering {len(gaussians)} Gaussians at "
+                         f"{w}x{h}", knobs=["--downscale N or --size N (a smaller image)"])
+
+        if self.transforms is not None:
+            cams, images = _load_cameras(self.images, None, self.transforms, check_images=False, require_images=False,
+                                         preflight=preflight)
+            return cams, [p.stem[:80] for p in images]
+        o = self.camera
+        if o.orbit < 1 or o.size < 8 or not 1.0 <= o.fov <= 170.0:
+            raise ConfigError(f"--orbit {o.orbit} --size {o.size} --fov {o.fov:g}: at least 1 view of 8 x 8 pixels, "
+                              "a field of view between 1 and 170 degrees")
+        preflight(o.orbit, o.size, o.size)
+        centre, extent = scene_bounds(gaussians.means, gaussians.opacities)
+        up, why = (o.up, "given") if o.up != "auto" else detect_up(gaussians.means, gaussians.opacities)
+        print(f"no transforms.json: {o.orbit} orbit cameras around the median centre "
+              f"({', '.join(f'{float(x):.3g}' for x in centre)}), {2.5 * extent:.3g} away (2.5 x the 90th percentile "
+              f"distance), up {up} ({why}; --up to choose)")
+        cams = orbit_cameras(centre, extent, up, o.orbit, o.size, o.size, o.fov, o.elevation)
+        return cams, cams.names
+
+    @staticmethod
+    def _turntable(out: Path, cams, frames: List[Path]) -> str:
+        """turntable.gif of the RGB frames (imageio) and the orbit's transforms.json (its images: the frames), so
+        the renders are a dataset: ``rh3dgs lift SCENE --data OUT``."""
+        import imageio.v3 as iio
+
+        from .io.atomic import atomic_write
+        from .io.transforms import save_transforms
+
+        gif = out / "turntable.gif"
+        with atomic_write(gif) as f:
+            iio.imwrite(f, [iio.imread(p) for p in frames], extension=".gif", duration=80, loop=0)
+        save_transforms(out / "transforms.json", cams, frames)
+        return f"; turntable {gif}, the orbit's cameras {out / 'transforms.json'}"
 
 
 @dataclass
@@ -294,14 +358,28 @@ class Demo:
         return 0
 
 
-def _teacher_config(teacher: TeacherOptions) -> TeacherConfig:
+def _teacher_config(teacher: TeacherOptions, data: Path) -> TeacherConfig:
     """The TeacherConfig of the teacher options: the same teacher, hence the same cache entries, as an
-    ``ns-train rh3dgs`` data manager with that config."""
+    ``ns-train rh3dgs`` data manager with that config. ``--teacher auto`` (the default): the teacher whose maps the
+    data's feature cache already holds (the most recent, :func:`rh3dgs.teachers.cache.cached_teachers`), else
+    ``precomputed``; said in one line."""
     if teacher.checkpoint and not Path(teacher.checkpoint).expanduser().is_file():  # before open_clip is imported
         from .errors import MissingWeightsError
 
         raise MissingWeightsError(f"--checkpoint {teacher.checkpoint}: checkpoint file not found")
-    return teacher.config()
+    if teacher.name != "auto":
+        return teacher.config()
+    from .teachers import default_cache_dir
+    from .teachers.cache import cached_teachers
+
+    cache = Path(teacher.cache_dir) if teacher.cache_dir else default_cache_dir(data)
+    found = cached_teachers(cache)
+    if not found:
+        return dataclasses.replace(teacher.config(), name="precomputed")
+    spec, folder = found[0]
+    others = f" (newest of {len(found)})" if len(found) > 1 else ""
+    print(f"teacher: {spec['name']}, the teacher of {folder}{others}; --teacher to choose")
+    return TeacherConfig.from_spec(spec, cache_dir=teacher.cache_dir)
 
 
 def _cache_dir(cache_opt: Optional[str], data: Path, image_paths) -> Path:
@@ -324,6 +402,15 @@ def _dataset_maps(cache_opt: Optional[str], teacher, data: Path, image_paths, di
     from .teachers import dataset_maps
 
     return dataset_maps(teacher, image_paths, _cache_dir(cache_opt, data, image_paths), distributed=distributed)
+
+
+def _maps_summary(maps) -> str:
+    """``tiny-clip teacher maps: 0 computed, 50 reused in DIR`` (or read in place)."""
+    if not maps.cached:
+        return f"{maps.teacher.name} teacher maps: {len(maps)} read in place"
+    where = Path(maps.files[0]).parent if len(maps) else ""
+    return (f"{maps.teacher.name} teacher maps: {maps.stats.get('computed', 0)} computed, "
+            f"{maps.stats.get('reused', 0)} reused in {where}")
 
 
 def _load_cameras(opts: ImageOptions, cache: Optional[str], transforms, check_images: bool,
@@ -367,7 +454,7 @@ class Extract:
         cache = self.teacher.cache_dir
         cams, images = _load_cameras(self.images, cache, data, check_images=True, preflight=preflight)
         with process_group_from_env() as dist:
-            tcfg = _teacher_config(self.teacher)
+            tcfg = _teacher_config(self.teacher, data)
             if dist is not None and dist.device.type == "cuda":
                 tcfg = dataclasses.replace(tcfg, device=str(dist.device))  # each rank on its LOCAL_RANK GPU
             teacher = tcfg.setup(data)
@@ -417,7 +504,7 @@ class Lift:
         from .teachers import default_cache_dir, spec_paths
 
         data = Path(self.data)
-        tcfg = _teacher_config(self.teacher)
+        tcfg = _teacher_config(self.teacher, data)
         spec = tcfg.spec(data)
         cache = self.teacher.cache_dir
         inputs = [self.scene, _transforms_file(data), cache or default_cache_dir(data), self.config,
@@ -447,6 +534,7 @@ class Lift:
         print(preflight_lift(len(gaussians), len(cams), cams.height, cams.width, d_teacher, cfg,
                              device=str(gaussians.device)).summary())
         maps = _dataset_maps(cache, teacher, data, images)
+        print(_maps_summary(maps))
         res = lift(gaussians, cams, maps, cfg)
         table = {}
         if hasattr(teacher, "text_queries"):
@@ -486,7 +574,7 @@ class Query:
     def main(self) -> int:
         from .api import load
         from .io.atomic import atomic_save_png
-        from .viz import colorize, highlight, result_sheet
+        from .viz import colorize, highlight, result_sheet, with_colorbar
 
         out = check_output_dir(self.output, self.overwrite, scene_inputs(self.scene))
         scene = load(self.scene)
@@ -509,10 +597,11 @@ class Query:
                 rgb = scene.render(i)
                 for q, r in zip(queries, rel):
                     with _writing(out):
-                        atomic_save_png(building / f"{names[i]}_{stems[q]}_relevancy.png",
-                                        colorize(r, vmin=0.0, vmax=1.0))
-                        atomic_save_png(building / f"{names[i]}_{stems[q]}_overlay.png",
-                                        highlight(rgb, r, threshold=self.threshold))
+                        atomic_save_png(building / f"{names[i]}_{stems[q]}_relevancy.png", with_colorbar(
+                            colorize(r, vmin=0.0, vmax=1.0), 0.0, 1.0, "relevancy (LERF, 0-1)", self.threshold))
+                        atomic_save_png(building / f"{names[i]}_{stems[q]}_overlay.png", with_colorbar(
+                            highlight(rgb, r, threshold=self.threshold), 0.0, 1.0,
+                            f"relevancy above {self.threshold:g} (0-1)", self.threshold))
                 with _writing(out):
                     atomic_save_png(building / "sheets" / f"{names[i]}.png",
                                     result_sheet(rgb, rel, queries, self.threshold, title=names[i]))
@@ -523,13 +612,15 @@ class Query:
                     scene.export_ply(building / f"{stem}.ply", mask=sel)
                 print(f"'{q}': {int(sel.sum())} of {len(scene)} Gaussians above {self.threshold} -> "
                       f"{out / (stem + '.ply')}")
-        print(f"relevancy PNGs for {len(queries)} queries x {len(views)} views, one sheet per view "
-              f"(sheets/<view>.png) -> {out}")
+        print(f"result sheets (render, relevancy, selection per query; start here): {out / 'sheets'}/<view>.png, "
+              f"{len(views)} views; single relevancy / overlay PNGs ({len(queries)} queries) -> {out}")
         return 0
 
 
 Latents = Annotated[bool, arg(help="add the field's latents as sem_* columns (read by rh3dgs; other tools "
                                   "ignore them)")]
+Extra = Annotated[bool, arg(help="also the scene's other per-Gaussian columns (class_id...), as floats; without: "
+                                "exactly the INRIA 3DGS properties")]
 LatentDtype = Annotated[Literal["float32", "float16"],
                         arg(help="with --latents: float32 (a standard PLY float) or float16 (compact, rh3dgs-only)")]
 
@@ -548,6 +639,7 @@ class Select:
     negatives: Negatives = None
     latents: Latents = False
     latent_dtype: LatentDtype = "float32"
+    extra: Extra = False
     overwrite: Overwrite = False
 
     def __post_init__(self) -> None:
@@ -561,7 +653,8 @@ class Select:
         negatives = None if self.negatives is None else list(parse_queries(self.negatives))
         sel = scene.select(self.query, threshold=self.threshold, negatives=negatives)
         with _writing(out):
-            out = scene.export_ply(out, mask=sel, latents=self.latents, latent_dtype=self.latent_dtype)
+            out = scene.export_ply(out, mask=sel, latents=self.latents, latent_dtype=self.latent_dtype,
+                                   extra=self.extra)
         print(f"'{self.query}': {int(sel.sum())} of {len(scene)} Gaussians above {self.threshold} -> {out}")
         return 0
 
@@ -576,6 +669,7 @@ class Export:
     """PLY file to write"""
     latents: Latents = False
     latent_dtype: LatentDtype = "float32"
+    extra: Extra = False
     overwrite: Overwrite = False
 
     def main(self) -> int:
@@ -584,9 +678,11 @@ class Export:
         out = check_output_file(self.output, self.overwrite, scene_inputs(self.scene))
         scene = load(self.scene)
         with _writing(out):
-            out = scene.export_ply(out, latents=self.latents, latent_dtype=self.latent_dtype)
+            out = scene.export_ply(out, latents=self.latents, latent_dtype=self.latent_dtype, extra=self.extra)
         with_latents = self.latents and scene.field is not None
-        print(f"{len(scene)} Gaussians{' with sem_* latents' if with_latents else ' (plain 3DGS PLY)'} -> {out}")
+        what = (" with sem_* latents" if with_latents else
+                " (INRIA 3DGS PLY" + (" + extra columns)" if self.extra and scene.gaussians.extra else ")"))
+        print(f"{len(scene)} Gaussians{what} -> {out}")
         return 0
 
 
@@ -745,7 +841,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             root = parse(argv)
         from .memory import memory_limit
 
-        with memory_limit(root.max_memory):
+        with memory_limit(root.max_memory), _one_line_warnings():
             return int(root.command.main() or 0)
     except Rh3dgsError as exc:
         if debug:
@@ -757,6 +853,28 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise
         print(f"rh3dgs: error: {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
         return 2
+
+
+@contextlib.contextmanager
+def _one_line_warnings():
+    """Warnings of rh3dgs's own types printed as ``rh3dgs: warning: ...`` (one line each) while a command runs."""
+    import warnings
+
+    from .teachers.tiny import RandomTeacherWarning
+
+    show = warnings.showwarning
+
+    def one_line(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, RandomTeacherWarning):
+            print(f"rh3dgs: warning: {message}", file=sys.stderr)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = one_line
+    try:
+        yield
+    finally:
+        warnings.showwarning = show
 
 
 def _global_flag(argv: List[str], flag: str) -> bool:

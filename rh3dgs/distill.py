@@ -212,7 +212,7 @@ def distill(
         loss, parts = objective(step, views.render(lat, idx), views.alpha[idx], views.d1[idx], views.d2[idx],
                                 decoder, teacher, torch.stack([regions[i] for i in idx]) if objective.uses_regions else None)
         l_sem = float(loss.detach())
-        lc = objective.contrast(step, lat, decoder, means, subset=valid_idx, colors=colors)
+        lc = objective.lic_loss(step, lat, decoder, means, subset=valid_idx, colors=colors)
         loss = loss + lc
         loss.backward()
         opt.step()

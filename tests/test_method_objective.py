@@ -76,15 +76,15 @@ def test_contrast_on_after_start_and_zero_before():
     colors = torch.rand(300, 1, generator=g).expand(-1, 3) * 0.3  # grey levels: LIC's appearance positives
     lat = torch.randn(300, 4, generator=g, requires_grad=True)
     dec = torch.linalg.qr(torch.randn(8, 4, generator=g))[0]
-    assert float(obj.contrast(2, lat, dec, means, colors=colors)) == 0.0
-    c = obj.contrast(6, lat, dec, means, colors=colors)
+    assert float(obj.lic_loss(2, lat, dec, means, colors=colors)) == 0.0
+    c = obj.lic_loss(6, lat, dec, means, colors=colors)
     assert float(c) > 0
     c.backward()
     assert lat.grad.abs().sum() > 0
     with pytest.raises(ConfigError, match="colours"):  # appearance positives need the Gaussians' colours
-        SemanticObjective(ObjectiveConfig(), 4, steps).contrast(0, lat, dec, means)
+        SemanticObjective(ObjectiveConfig(), 4, steps).lic_loss(0, lat, dec, means)
     off = SemanticObjective(ObjectiveConfig(use_lic=False), 4, steps)
-    assert float(off.contrast(6, lat, dec, means)) == 0.0
+    assert float(off.lic_loss(6, lat, dec, means)) == 0.0
 
 
 
@@ -102,7 +102,7 @@ def test_contrast_in_decoder_coordinates_equals_lic_on_the_decoded_features(form
     raw = (torch.randn(N, d, generator=g) * torch.rand(N, 1, generator=g) * 5).requires_grad_(True)
     lic_cfg = LICConfig.rh3dgs(warmup_steps=0, form=form, num_random_negatives=0 if form == "pull" else 16)
     obj = SemanticObjective(ObjectiveConfig(lic=lic_cfg), d, 10)
-    ours = obj.contrast(5, raw, dec, means, colors=colors)
+    ours = obj.lic_loss(5, raw, dec, means, colors=colors)
     ours.backward()
     ref_raw = raw.detach().clone().requires_grad_(True)
     ref = obj.cfg.lambda_con * LICLoss(lic_cfg)(F.normalize(ref_raw @ dec.T, dim=-1), 5, means=means, colors=colors)

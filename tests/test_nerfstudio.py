@@ -7,6 +7,7 @@ and reload the run with :func:`rh3dgs.io.nerfstudio_run.load_nerfstudio_scene`.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -22,7 +23,7 @@ import torch
 pytest.importorskip("nerfstudio")
 pytest.importorskip("gsplat")
 
-from rh3dgs.nerfstudio import METHOD_CONFIGS_ENV  # noqa: E402
+from rh3dgs.nerfstudio import METHOD_CONFIGS_ENV, METHOD_ENTRY_POINTS  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -32,7 +33,7 @@ def _ns_env() -> dict:
     NERFSTUDIO_METHOD_CONFIGS unless the entry point is installed."""
     env = dict(os.environ)
     names = set(entry_points(group="nerfstudio.method_configs").names)
-    if not {"rh3dgs", "rh3dgs-lite"} <= names:
+    if not {e.split("=")[0].strip() for e in METHOD_ENTRY_POINTS} <= names:
         env["NERFSTUDIO_METHOD_CONFIGS"] = METHOD_CONFIGS_ENV
     env.setdefault("OMP_NUM_THREADS", str(max(1, min(2, os.cpu_count() or 1))))
     return env
@@ -85,16 +86,32 @@ def pipeline(small_data, tmp_path_factory):
 def test_method_specifications():
     from nerfstudio.plugins.types import MethodSpecification
 
-    from rh3dgs.nerfstudio.config import rh3dgs_lite_method, rh3dgs_method
+    from rh3dgs.nerfstudio import config as nc
     from rh3dgs.nerfstudio.model import Rh3dgsModelConfig
+    from rh3dgs.nerfstudio.splatfacto_native import SplatfactoNativeModel, SplatfactoNativeModelConfig
 
-    for spec, name in ((rh3dgs_method, "rh3dgs"), (rh3dgs_lite_method, "rh3dgs-lite")):
+    for spec, name in ((nc.rh3dgs_method, "rh3dgs"), (nc.rh3dgs_lite_method, "rh3dgs-lite")):
         assert isinstance(spec, MethodSpecification)
         assert spec.config.method_name == name
         assert isinstance(spec.config.pipeline.model, Rh3dgsModelConfig)
         assert {"latents", "decoder", "means"} <= set(spec.config.optimizers)
-    assert rh3dgs_lite_method.config.max_num_iterations <= 1000
-    assert rh3dgs_method.config.pipeline.model.use_absgrad is False
+    assert nc.rh3dgs_lite_method.config.max_num_iterations <= 1000
+    assert nc.rh3dgs_method.config.pipeline.model.use_absgrad is False
+    # the plain twins: the same schedules, splatfacto's model and optimizer groups only
+    for plain, ours in ((nc.splatfacto_native_method, nc.rh3dgs_method),
+                        (nc.splatfacto_native_lite_method, nc.rh3dgs_lite_method)):
+        model = plain.config.pipeline.model
+        assert type(model) is SplatfactoNativeModelConfig and model._target is SplatfactoNativeModel
+        assert plain.config.method_name == ours.config.method_name.replace("rh3dgs", "splatfacto-native")
+        assert set(plain.config.optimizers) == set(ours.config.optimizers) - {"latents", "decoder", "background_latent"}
+        assert plain.config.max_num_iterations == ours.config.max_num_iterations
+        for f in dataclasses.fields(SplatfactoNativeModelConfig):
+            assert getattr(model, f.name) == getattr(ours.config.pipeline.model, f.name) or f.name == "_target", f.name
+    # every method is registered by setup.py's entry points and by the environment variable
+    setup_py = (Path(__file__).resolve().parents[1] / "setup.py").read_text()
+    for entry in METHOD_ENTRY_POINTS:
+        assert f'"{entry}"' in setup_py, entry
+        assert entry.replace(" ", "") in METHOD_CONFIGS_ENV.split(",")
 
 
 @pytest.mark.slow
@@ -103,6 +120,10 @@ def test_ns_train_help():
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "latent-dim" in r.stdout and "lambda-sem" in r.stdout
+    r = subprocess.run([str(VENV_BIN / "ns-train"), "splatfacto-native-lite", "--help"], env=_ns_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "max-init-points" in r.stdout and "latent-dim" not in r.stdout
 
 
 # ---------------------------------------------------------------------------- model pieces

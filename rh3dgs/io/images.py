@@ -23,6 +23,7 @@ changes them (source file size and time, intrinsics, coefficients, factor), and 
 """
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import hashlib
 import json
@@ -45,6 +46,7 @@ __all__ = [
     "read_rgb",
     "open_image",
     "process_images",
+    "LazyImages",
     "default_image_cache",
 ]
 
@@ -232,3 +234,37 @@ def process_images(json_path: Path, sources: Sequence[Path], out_names: Sequence
         atomic_save_png(outs[i], img)
     atomic_save_json(manifest_path, {**manifest, **records})
     return outs
+
+
+class LazyImages(collections.abc.Sequence):
+    """:func:`process_images`' results made one at a time: ``images[j]`` downscales and undistorts source ``j``
+    into the cache on first access (reusing an up-to-date result), then returns its path. Same arguments as
+    :func:`process_images` (without ``progress``). For readers that need few of a dataset's images, or none
+    (``rh3dgs.load`` of a trained run: its cameras need no pixels).
+
+    >>> imgs = LazyImages(json_path, sources, names, Ks, coeffs, factors, crop, cache)  # doctest: +SKIP
+    >>> imgs[3]            # only image 3 is processed (once)                            # doctest: +SKIP
+    PosixPath('data/fox/.rh3dgs_cache/images/4e1c.../images/0004.png')
+    """
+
+    def __init__(self, json_path: Path, sources: Sequence[Path], out_names: Sequence[str], Ks: Sequence[np.ndarray],
+                 coeffs: Sequence[np.ndarray], factors: Sequence[int], crop: Optional[Tuple[int, int]],
+                 cache: Path) -> None:
+        self._args = (json_path, list(sources), list(out_names), list(Ks), list(coeffs), list(factors), crop, cache)
+        self._done: Dict[int, Path] = {}
+
+    def __len__(self) -> int:
+        return len(self._args[1])
+
+    def __getitem__(self, j):  # type: ignore[override]
+        if isinstance(j, slice):
+            return [self[i] for i in range(*j.indices(len(self)))]
+        j = range(len(self))[j]  # negative indices, IndexError
+        if j not in self._done:
+            json_path, sources, names, Ks, coeffs, factors, crop, cache = self._args
+            self._done[j] = process_images(json_path, [sources[j]], [names[j]], [Ks[j]], [coeffs[j]], [factors[j]],
+                                           crop, cache, progress=False)[0]
+        return self._done[j]
+
+    def __repr__(self) -> str:
+        return f"LazyImages({len(self)} images, {len(self._done)} made)"

@@ -72,9 +72,9 @@ from ..gaussians import SH_C0, Gaussians
 from .coordinate_frames import (DATAPARSER_TRANSFORMS, Similarity, nerfstudio_to_data, rotate_sh, transform_c2w,
                      transform_gaussians)
 
-__all__ = ["load_nerfstudio_scene", "export_semantic_ply", "load_run_config", "parse_run_config", "config_modules",
-           "find_checkpoint",
-           "checkpoints_newest_first", "load_checkpoint", "verify_checkpoint", "rotate_sh", "training_dir", "NerfstudioRunError"]
+__all__ = ["load_nerfstudio_scene", "run_images", "export_semantic_ply", "load_run_config", "parse_run_config",
+           "config_modules", "find_checkpoint", "checkpoints_newest_first", "load_checkpoint", "verify_checkpoint",
+           "rotate_sh", "training_dir", "NerfstudioRunError"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -149,8 +149,11 @@ def _python_object(loader, suffix: str, node):
     state = loader.construct_mapping(node, deep=True)
     if not all(isinstance(k, str) for k in state):
         raise _refuse(node, "has field names that are not strings")
-    vars(obj).update(state)
     try:
+        if hasattr(obj, "__setstate__"):  # as yaml.Loader does (a config class may complete itself there)
+            obj.__setstate__(state)
+        else:
+            vars(obj).update(state)
         check_fields(obj)  # the numbers a run stores are checked as the command line checks them
     except RangeError as e:
         raise _refuse(node, f"holds a value out of range: {e}") from None
@@ -349,6 +352,40 @@ def _teacher_config(config, root: Path):
     return out
 
 
+def run_images(config_yml: PathLike, config=None):
+    """The run's cameras and images as it trained on them: :func:`rh3dgs.io.transforms.load_posed_images` of its
+    dataset with its data parser's ``downscale_factor`` (nerfstudio's automatic factor when unset),
+    ``skip_missing_images`` and image cache, ``lazy``: no image is read, undistorted or resized until one is
+    asked for (``images[i]``, once). None when the dataset or its transforms.json is not there."""
+    config = config if config is not None else load_run_config(config_yml)
+    root = training_dir(config_yml, config)
+    return _run_posed_images(config, root, _data_dir(config, root))
+
+
+def _run_posed_images(config, root: Path, data_dir: Optional[Path]):
+    from .transforms import load_posed_images, nerfstudio_downscale
+
+    if data_dir is None or not (data_dir / "transforms.json").is_file():
+        return None
+    dp = getattr(config.pipeline.datamanager, "dataparser", None)
+    cache = _resolve(getattr(dp, "image_cache_dir", None), root)
+    options = dict(skip_missing_images=bool(getattr(dp, "skip_missing_images", False)), image_cache=cache)
+    try:
+        factor = nerfstudio_downscale(data_dir, getattr(dp, "downscale_factor", None))
+    except Rh3dgsError:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # frames the run left out: said when it trained
+        try:
+            return load_posed_images(data_dir, check_images=False, downscale=factor, lazy=True, progress=False,
+                                     **options)
+        except Rh3dgsError:  # images moved or gone: the cameras alone, at the run's resolution
+            try:
+                return load_posed_images(data_dir, check_images=False, require_images=False, downscale=factor)
+            except Rh3dgsError:
+                return None
+
+
 def load_nerfstudio_scene(
     config_yml: PathLike,
     device: Union[str, torch.device] = "cpu",
@@ -367,8 +404,9 @@ def load_nerfstudio_scene(
 
     Returns:
         ``(gaussians, decoder, cameras, teacher_spec)``: :class:`rh3dgs.Gaussians` with
-        ``latents`` [N, d]; the decoder [D, d]; the dataset's cameras in ``frame`` (None when the
-        data folder or its transforms.json is not there); the teacher as a spec dict
+        ``latents`` [N, d]; the decoder [D, d]; the dataset's cameras in ``frame``, at the resolution the run
+        trained at (its ``downscale_factor``, undistorted intrinsics, the frames it used: :func:`run_images`;
+        no image is read) or None when the data folder or its transforms.json is not there; the teacher as a spec dict
         (:func:`rh3dgs.teachers.teacher_from_spec`), with ``features_dir`` resolved.
     """
     config_yml = Path(config_yml)
@@ -405,21 +443,15 @@ def load_nerfstudio_scene(
     gaussians = gaussians.to(device)
     decoder = state["decoder"].float().to(device)
 
-    cameras = None
-    if data_dir is not None and (data_dir / "transforms.json").is_file():
-        from .transforms import load_transforms
-
-        try:
-            cameras, _ = load_transforms(data_dir, check_images=False)
-        except Rh3dgsError:
-            cameras = None
-        if cameras is not None and frame == "nerfstudio":
-            c2w = transform_c2w(cameras.c2w_opengl.double(), ns_to_data.inverse())
-            viewmats = torch.linalg.inv(c2w @ OPENGL_TO_OPENCV.double()).float()
-            cameras = Cameras(viewmats=viewmats, Ks=cameras.Ks, width=cameras.width, height=cameras.height,
-                              names=cameras.names)
-        if cameras is not None:
-            cameras = cameras.to(device)
+    posed = _run_posed_images(config, root, data_dir)
+    cameras = None if posed is None else posed.cameras
+    if cameras is not None and frame == "nerfstudio":
+        c2w = transform_c2w(cameras.c2w_opengl.double(), ns_to_data.inverse())
+        viewmats = torch.linalg.inv(c2w @ OPENGL_TO_OPENCV.double()).float()
+        cameras = Cameras(viewmats=viewmats, Ks=cameras.Ks, width=cameras.width, height=cameras.height,
+                          names=cameras.names)
+    if cameras is not None:
+        cameras = cameras.to(device)
 
     teacher_spec: Dict[str, Any] = {}
     tcfg = _teacher_config(config, root)

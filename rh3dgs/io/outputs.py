@@ -185,7 +185,7 @@ def scene_inputs(path: PathLike) -> List[Path]:
         is_dir, is_file = p.is_dir(), p.is_file()
     except (OSError, ValueError):
         return [p]
-    if is_file and p.suffix.lower() == ".ply":
+    if is_file and p.suffix.lower() in (".ply", ".spz"):  # rh3dgs.io.ply.SPLAT_SUFFIXES
         return [p, p.parent / "transforms.json"]
     folder = p if is_dir else (p.parent if is_file and (p.name == "rh3dgs.json" or
                                                           p.suffix.lower() in (".yml", ".yaml")) else None)

@@ -193,7 +193,9 @@ def read_scene(path: PathLike, device: Union[str, torch.device] = "cpu") -> Scen
 
         g, decoder, cams, spec = load_nerfstudio_scene(p, device=device)
         return SceneData(g, decoder.to(g.latents), None, None, cams, {}, spec or None, source=p, path=p)
-    if p.is_file() and p.suffix.lower() == ".ply":
+    from .ply import SPLAT_SUFFIXES
+
+    if p.is_file() and p.suffix.lower() in SPLAT_SUFFIXES:  # INRIA / compressed PLY, SPZ
         return _read_plain_ply(p, device)
     return read_scene_folder(p, device)
 

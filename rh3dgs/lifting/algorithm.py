@@ -29,10 +29,10 @@ The algorithm (:func:`lift`):
    (:func:`rh3dgs.lifting.fill.fill_from_neighbours`).
 5. **Decoder**: uncentred weighted PCA of the features (:func:`pca_decoder`): latents and a linear decoder.
 
-Each pass is one call of :meth:`rh3dgs.lifting.views.LiftViews.aggregate`, which streams the views (teacher
-maps at any resolution, upsampled guided by the render's colours (``LiftConfig.guided``), renders,
-VCD pixel weights) and keeps what fits between passes; nothing is
-stored per (pixel, Gaussian) pair beyond those caches.
+Each pass is one call of :meth:`rh3dgs.lifting.views.LiftViews.initial_pass` or ``irls_pass``, which streams
+the views (teacher maps at any resolution, upsampled guided by the render's colours (``LiftConfig.guided``),
+renders, VCD pixel weights) and keeps what fits between passes; nothing is stored per (pixel, Gaussian) pair
+beyond those caches.
 
 Ablation baselines behind the same call (``LiftConfig.method``): "robust" (ours), "karcher" (delta =
 inf, same weights), "euclidean" (weighted Euclidean mean, then normalise: LUDVIG / gradient
@@ -157,7 +157,7 @@ def lift(
     with torch.no_grad():  # a copy of what the lift reads (no graph for a trained model's parameters; its latents
         gaussians = replace(gaussians, latents=None, extra={})[order]  # and extra fields are not read)
     views = LiftViews(gaussians, cameras, teacher_maps, cfg)  # the view stream and its caches across passes
-    weight, acc_v, mass = views.aggregate("init", description="lift: initial mean", progress=progress)
+    weight, acc_v, mass = views.initial_pass(progress=progress)
     visibility = weight / mass.clamp_min(1e-30)
     valid = (weight >= cfg.min_weight) & (visibility >= cfg.min_visibility)
     mu = torch.nn.functional.normalize(acc_v, dim=-1) * valid[:, None]
@@ -167,7 +167,7 @@ def lift(
         active = valid.clone()  # Gaussians still moving: each one's IRLS depends on its own mean only
         prev: Optional[Tensor] = None  # the previous pass's step lengths, when that pass was not extrapolated
         for it in range(cfg.iters):
-            acc_w, acc_v, _ = views.aggregate("irls", mu, delta, f"lift: IRLS pass {it + 1}", progress, active)
+            acc_w, acc_v, _ = views.irls_pass(mu, delta, f"lift: IRLS pass {it + 1}", progress, active)
             step = acc_v.div_(acc_w.clamp_min(1e-12)[:, None]).mul_(active[:, None])  # in place: N x D floats each
             del acc_v
             norms = step.norm(dim=-1)

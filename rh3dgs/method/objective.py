@@ -168,7 +168,7 @@ class SemanticObjective(torch.nn.Module):
 
     Use per step: ``latents = obj.gaussian_latents(raw)``, render them, then
     ``loss, parts = obj(step, render_result_latents, alpha, d1, d2, decoder, teacher)`` and
-    ``loss = loss + obj.contrast(step, latents, decoder, means)``.
+    ``loss = loss + obj.lic_loss(step, latents, decoder, means)``.
     """
 
     def __init__(self, cfg: ObjectiveConfig, latent_dim: int, steps: int, seed: int = 0):
@@ -261,7 +261,7 @@ class SemanticObjective(torch.nn.Module):
             parts["ray"] = float(ray.detach())
         return cfg.lambda_sem * loss, parts
 
-    def contrast(self, step: int, latents: Tensor, decoder: Tensor, means: Tensor,
+    def lic_loss(self, step: int, latents: Tensor, decoder: Tensor, means: Tensor,
                  subset: Optional[Tensor] = None, colors: Optional[Tensor] = None) -> Tensor:
         """``lambda_con * LIC`` on the decoded unit features of the Gaussians (``subset``: indices to use; ``colors``
         [N, 3]: the Gaussians' colours, read by LIC's appearance positives when its graph is rebuilt, so a caller may

@@ -306,33 +306,8 @@ def robust_frechet_mean(
     if not torch.isfinite(x).all():
         raise NonFiniteError("robust_frechet_mean: x contains NaN/Inf")
 
-    if weights is None:
-        w = torch.ones(K, dtype=dtype, device=device)
-    else:
-        if weights.shape != (K,):
-            raise ShapeError(f"robust_frechet_mean: weights must be [K]={[K]}, got {list(weights.shape)}")
-        w = weights.to(dtype)
-        if not torch.isfinite(w).all():
-            raise NonFiniteError("robust_frechet_mean: weights contain NaN/Inf")
-        if (w < 0).any():
-            raise ConfigError("robust_frechet_mean: weights must be >= 0")
-
-    if segment_ids is None:
-        S = 1 if num_segments is None else int(num_segments)
-        seg = torch.zeros(K, dtype=torch.long, device=device)
-        if S < 1:
-            raise ShapeError(f"robust_frechet_mean: num_segments must be >= 1, got {S}")
-    else:
-        if segment_ids.shape != (K,) or segment_ids.is_floating_point():
-            raise ShapeError(f"robust_frechet_mean: segment_ids must be an integer [K]={[K]} tensor, got "
-                             f"{segment_ids.dtype} {list(segment_ids.shape)}")
-        seg = segment_ids.to(device=device, dtype=torch.long)
-        if num_segments is None:
-            S = int(seg.max().item()) + 1 if K > 0 else 0
-        else:
-            S = int(num_segments)
-        if K > 0 and (int(seg.min().item()) < 0 or int(seg.max().item()) >= S):
-            raise ShapeError(f"robust_frechet_mean: segment_ids must lie in [0, {S - 1}]")
+    w = _checked_weights(weights, K, dtype, device)
+    seg, S = _checked_segments(segment_ids, num_segments, K, device)
     if init is not None and init.shape != (S, D):
         raise ShapeError(f"robust_frechet_mean: init must be [S, D]={[S, D]}, got {list(init.shape)}")
 
@@ -370,6 +345,40 @@ def robust_frechet_mean(
 
     info = FrechetMeanInfo(iters=iters, converged=converged, max_step=step, valid=valid, nonempty=nonempty)
     return mu.to(out_dtype), info
+
+
+def _checked_weights(weights: Optional[Tensor], K: int, dtype: torch.dtype, device) -> Tensor:
+    """[K] sample weights in ``dtype`` (ones when None), checked: the shape, finite, >= 0."""
+    if weights is None:
+        return torch.ones(K, dtype=dtype, device=device)
+    if weights.shape != (K,):
+        raise ShapeError(f"robust_frechet_mean: weights must be [K]={[K]}, got {list(weights.shape)}")
+    w = weights.to(dtype)
+    if not torch.isfinite(w).all():
+        raise NonFiniteError("robust_frechet_mean: weights contain NaN/Inf")
+    if (w < 0).any():
+        raise ConfigError("robust_frechet_mean: weights must be >= 0")
+    return w
+
+
+def _checked_segments(segment_ids: Optional[Tensor], num_segments: Optional[int], K: int, device) -> Tuple[Tensor, int]:
+    """``(seg [K] long, S)``: every sample's segment (all 0 when None) and the number of segments, checked."""
+    if segment_ids is None:
+        S = 1 if num_segments is None else int(num_segments)
+        if S < 1:
+            raise ShapeError(f"robust_frechet_mean: num_segments must be >= 1, got {S}")
+        return torch.zeros(K, dtype=torch.long, device=device), S
+    if segment_ids.shape != (K,) or segment_ids.is_floating_point():
+        raise ShapeError(f"robust_frechet_mean: segment_ids must be an integer [K]={[K]} tensor, got "
+                         f"{segment_ids.dtype} {list(segment_ids.shape)}")
+    seg = segment_ids.to(device=device, dtype=torch.long)
+    if num_segments is None:
+        S = int(seg.max().item()) + 1 if K > 0 else 0
+    else:
+        S = int(num_segments)
+    if K > 0 and (int(seg.min().item()) < 0 or int(seg.max().item()) >= S):
+        raise ShapeError(f"robust_frechet_mean: segment_ids must lie in [0, {S - 1}]")
+    return seg, S
 
 
 def _initial_mean(xn: Tensor, w: Tensor, seg: Tensor, S: int, nonempty: Tensor) -> Tensor:

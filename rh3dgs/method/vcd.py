@@ -195,6 +195,83 @@ def _feature_edges(features: Tensor) -> Tensor:
     return _neighbour_max(h, v).clamp(0.0, 2.0)
 
 
+def _as_views(alpha: Tensor, depth_m1: Tensor, depth_m2: Tensor, features: Optional[Tensor],
+              valid_mask: Optional[Tensor], region_fraction: Optional[Tensor]) -> Tuple[Optional[Tensor], ...]:
+    """The maps of :func:`reliability_weights` as a batch of views (one ``[H, W]`` view gets a batch axis),
+    each checked against ``alpha``'s ``[B, H, W]`` (:class:`ShapeError` naming the map otherwise)."""
+    if alpha.dim() == 2:
+        alpha, depth_m1, depth_m2 = alpha[None], depth_m1[None], depth_m2[None]
+        features, valid_mask, region_fraction = (None if t is None else t[None]
+                                                 for t in (features, valid_mask, region_fraction))
+    if alpha.dim() != 3:
+        raise ShapeError(f"reliability_weights: alpha must be [B, H, W] or [H, W], got {list(alpha.shape)}")
+    for name, t in (("depth_m1", depth_m1), ("depth_m2", depth_m2), ("region_fraction", region_fraction),
+                    ("valid_mask", valid_mask)):
+        if t is not None and t.shape != alpha.shape:
+            raise ShapeError(f"reliability_weights: {name} must match alpha {list(alpha.shape)}, got {list(t.shape)}")
+    if features is not None and (features.dim() != 4 or features.shape[:3] != alpha.shape):
+        raise ShapeError(f"reliability_weights: features must be [B, H, W, D] with [B, H, W]={list(alpha.shape)}, "
+                         f"got {list(features.shape)}")
+    return alpha, depth_m1, depth_m2, features, valid_mask, region_fraction
+
+
+def _finite_statistics(alpha: Tensor, depth_m1: Tensor, depth_m2: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """A, D1, D2 detached in float32 (float64 kept); :class:`NonFiniteError` naming the map with a NaN / Inf."""
+    dtype = torch.float64 if alpha.dtype == torch.float64 else torch.float32
+    A, D1, D2 = (t.detach().to(dtype) for t in (alpha, depth_m1, depth_m2))
+    # one float64 sum each (finite float32 values cannot overflow it): non-finite only with a NaN/Inf
+    if not math.isfinite(sum(float(t.sum(dtype=torch.float64)) for t in (A, D1, D2))):
+        for name, t in (("alpha", A), ("depth_m1", D1), ("depth_m2", D2)):
+            if not torch.isfinite(t).all():
+                raise NonFiniteError(f"reliability_weights: {name} contains NaN/Inf")
+    return A, D1, D2
+
+
+def _edge_strengths(dbar: Tensor, features: Optional[Tensor], cfg: VCDConfig, every: bool) -> Tuple[Tensor, Tensor]:
+    """Dilated g_depth and g_feat [B, H, W]: zeros where W_edge does not use them (unless ``every``)."""
+    want_depth = every or (cfg.use_edge and cfg.edge_depth)
+    want_feat = every or (cfg.use_edge and cfg.edge_features)
+    g_depth = _dilate(_depth_edges(dbar, cfg.eps), cfg.edge_radius) if want_depth else torch.zeros_like(dbar)
+    if features is None or not want_feat:
+        return g_depth, torch.zeros_like(dbar)
+    feats = features.detach().to(dbar.dtype)
+    if not torch.isfinite(feats).all():
+        raise NonFiniteError("reliability_weights: features contain NaN/Inf")
+    return g_depth, _dilate(_feature_edges(feats), cfg.edge_radius)
+
+
+def _edge_term(g_depth: Tensor, g_feat: Tensor, has_features: bool, cfg: VCDConfig) -> Optional[Tensor]:
+    """W_edge = exp(-g_depth / s_depth - g_feat / s_feat) over the edge kinds switched on; None when off."""
+    if not cfg.use_edge:
+        return None
+    expo = torch.zeros_like(g_depth)
+    if cfg.edge_depth:
+        expo = expo + g_depth / cfg.edge_depth_scale
+    if cfg.edge_features and has_features:
+        expo = expo + g_feat / cfg.edge_feature_scale
+    return torch.exp(-expo)
+
+
+def _segment_term(region_fraction: Tensor, valid: Tensor, dtype: torch.dtype, gamma: float) -> Tensor:
+    """W_seg = (frac / the smallest frac of the view's valid pixels) ** -gamma; 0 where a pixel has no region."""
+    frac = region_fraction.detach().to(valid.device, dtype).clamp(0.0, 1.0)
+    has = frac > 0  # 0: no teacher region (no feature), weight 0
+    smallest = torch.where(valid & has, frac, torch.ones_like(frac)).flatten(1).amin(1)[:, None, None]
+    return torch.where(has, (frac / smallest).clamp_min(1.0) ** -gamma, torch.zeros_like(frac))
+
+
+def _normalised_per_view(raw: Tensor, valid: Tensor) -> Tensor:
+    """``raw`` divided by its mean over each view's valid pixels (uniform weights where that mean is 0)."""
+    vf = valid.to(raw.dtype)
+    count = vf.flatten(1).sum(1)
+    total = raw.flatten(1).sum(1)
+    mean = total / count.clamp_min(1.0)
+    degenerate = mean <= torch.finfo(raw.dtype).tiny
+    base = torch.where(degenerate[:, None, None], vf, raw)
+    mean = torch.where(degenerate, count / count.clamp_min(1.0), mean)
+    return base / mean.clamp_min(torch.finfo(raw.dtype).tiny)[:, None, None]
+
+
 def reliability_weights(
     alpha: Tensor,
     depth_m1: Tensor,
@@ -206,6 +283,9 @@ def reliability_weights(
     region_fraction: Optional[Tensor] = None,
 ) -> Union[Tensor, Tuple[Tensor, Dict[str, Tensor]]]:
     """VCD reliability weights ``w_bar`` (no gradient), normalised to mean 1 per view.
+
+    ``w_bar = max(W_op W_var W_edge W_fp W_seg, min_weight) / mean_valid(...)`` per view (module docstring);
+    a term switched off in ``cfg`` is left out of the product.
 
     Args:
         alpha: [B, H, W] (or [H, W]) accumulated opacity A.
@@ -222,102 +302,46 @@ def reliability_weights(
         ``w_bar`` [B, H, W] (the input's shape), detached; on every view with a valid pixel
         the mean over valid pixels is 1 (a view whose product is 0 everywhere falls back to
         uniform weights). With ``return_terms``: ``(w_bar, terms)`` where terms has
-        ``op``, ``var``, ``edge`` (the W factors, ones when switched off), ``raw`` (the
-        floored product before normalisation), ``depth`` (Dbar), ``variance`` (Var),
-        ``relvar``, ``edge_depth`` (g_depth) and ``edge_feat`` (g_feat).
+        ``op``, ``var``, ``edge``, ``footprint``, ``segment`` (the W factors, ones when switched off),
+        ``raw`` (the floored product before normalisation), ``weight`` (``w_bar``), ``depth`` (Dbar),
+        ``variance`` (Var), ``relvar``, ``edge_depth`` (g_depth) and ``edge_feat`` (g_feat).
+
+    >>> A = torch.tensor([[[1.0, 0.3]]]); D1 = 2.0 * A; D2 = 4.0 * A  # two pixels at depth 2
+    >>> reliability_weights(A, D1, D2, cfg=VCDConfig(use_edge=False))  # the thin pixel weighs less
+    tensor([[[1.8000, 0.2000]]])
     """
     cfg = cfg or VCDConfig()
     squeeze = alpha.dim() == 2
-    if squeeze:
-        alpha, depth_m1, depth_m2 = alpha[None], depth_m1[None], depth_m2[None]
-        features = None if features is None else features[None]
-        valid_mask = None if valid_mask is None else valid_mask[None]
-        region_fraction = None if region_fraction is None else region_fraction[None]
-    if alpha.dim() != 3:
-        raise ShapeError(f"reliability_weights: alpha must be [B, H, W] or [H, W], got {list(alpha.shape)}")
-    for name, t in (("depth_m1", depth_m1), ("depth_m2", depth_m2)):
-        if t.shape != alpha.shape:
-            raise ShapeError(f"reliability_weights: {name} must match alpha {list(alpha.shape)}, got {list(t.shape)}")
-    if features is not None and (features.dim() != 4 or features.shape[:3] != alpha.shape):
-        raise ShapeError(f"reliability_weights: features must be [B, H, W, D] with [B, H, W]={list(alpha.shape)}, "
-                         f"got {list(features.shape)}")
-    if region_fraction is not None and region_fraction.shape != alpha.shape:
-        raise ShapeError(f"reliability_weights: region_fraction must match alpha {list(alpha.shape)}, "
-                         f"got {list(region_fraction.shape)}")
-    if valid_mask is not None and valid_mask.shape != alpha.shape:
-        raise ShapeError(f"reliability_weights: valid_mask must match alpha {list(alpha.shape)}, got {list(valid_mask.shape)}")
-
+    alpha, depth_m1, depth_m2, features, valid_mask, region_fraction = _as_views(
+        alpha, depth_m1, depth_m2, features, valid_mask, region_fraction)
     with torch.no_grad():
-        dtype = torch.float64 if alpha.dtype == torch.float64 else torch.float32
-        A, D1, D2 = (t.detach().to(dtype) for t in (alpha, depth_m1, depth_m2))
-        # one float64 sum each (finite float32 values cannot overflow it): non-finite only with a NaN/Inf
-        if not math.isfinite(sum(float(t.sum(dtype=torch.float64)) for t in (A, D1, D2))):
-            for name, t in (("alpha", A), ("depth_m1", D1), ("depth_m2", D2)):
-                if not torch.isfinite(t).all():
-                    raise NonFiniteError(f"reliability_weights: {name} contains NaN/Inf")
+        A, D1, D2 = _finite_statistics(alpha, depth_m1, depth_m2)
         valid = torch.ones_like(A, dtype=torch.bool) if valid_mask is None else valid_mask.to(A.device, torch.bool)
-
         dbar, var = render_depth_stats(A, D1, D2, cfg.eps)
         relvar = var / (dbar * dbar + cfg.eps)
-        ones = torch.ones_like(A)
 
         mixing = not cfg.mixing_coarse_only or cfg.footprint > 1.0  # the teacher blends a footprint of pixels
-        w_op = (A / cfg.opacity_ref).clamp(0.0, 1.0) ** cfg.opacity_power if cfg.use_opacity and mixing else ones
-        w_var = torch.exp(-relvar / cfg.variance_scale) if cfg.use_variance and mixing else ones
-
-        # edge strengths only where they are used (or asked for): the objective's default has no edge term
-        want_depth = return_terms or (cfg.use_edge and cfg.edge_depth)
-        want_feat = return_terms or (cfg.use_edge and cfg.edge_features)
-        g_depth = _dilate(_depth_edges(dbar, cfg.eps), cfg.edge_radius) if want_depth else torch.zeros_like(A)
-        if features is not None and want_feat:
-            feats = features.detach().to(dtype)
-            if not torch.isfinite(feats).all():
-                raise NonFiniteError("reliability_weights: features contain NaN/Inf")
-            g_feat = _dilate(_feature_edges(feats), cfg.edge_radius)
-        else:
-            g_feat = torch.zeros_like(A)
-        if cfg.use_edge:
-            expo = torch.zeros_like(A)
-            if cfg.edge_depth:
-                expo = expo + g_depth / cfg.edge_depth_scale
-            if cfg.edge_features and features is not None:
-                expo = expo + g_feat / cfg.edge_feature_scale
-            w_edge = torch.exp(-expo)
-        else:
-            w_edge = ones
-
+        w_op = (A / cfg.opacity_ref).clamp(0.0, 1.0) ** cfg.opacity_power if cfg.use_opacity and mixing else None
+        w_var = torch.exp(-relvar / cfg.variance_scale) if cfg.use_variance and mixing else None
+        g_depth, g_feat = _edge_strengths(dbar, features, cfg, every=return_terms)
+        w_edge = _edge_term(g_depth, g_feat, features is not None, cfg)
         w_fp = (footprint_purity(dbar, valid & (A >= 0.5), cfg.footprint, cfg.footprint_tol) ** cfg.footprint_power
-                if cfg.footprint > 1.0 and cfg.footprint_power > 0 else ones)
-        w_seg = ones
-        if region_fraction is not None and cfg.reads_regions:
-            frac = region_fraction.detach().to(A.device, dtype).clamp(0.0, 1.0)
-            has = frac > 0  # 0: no teacher region (no feature), weight 0
-            smallest = torch.where(valid & has, frac, torch.ones_like(frac)).flatten(1).amin(1)[:, None, None]
-            w_seg = torch.where(has, (frac / smallest).clamp_min(1.0) ** -cfg.segment_power, torch.zeros_like(frac))
-        used = [t for t in (w_op, w_var, w_edge, w_fp, w_seg) if t is not ones]  # x * 1 = x exactly: skip them
-        raw = (functools.reduce(torch.mul, used) if used else ones).clamp_min(cfg.min_weight)
-        raw = torch.where(valid, raw, torch.zeros_like(raw))
-        vf = valid.to(dtype)
-        count = vf.flatten(1).sum(1)
-        total = raw.flatten(1).sum(1)
-        mean = total / count.clamp_min(1.0)
-        degenerate = mean <= torch.finfo(dtype).tiny
-        base = torch.where(degenerate[:, None, None], vf, raw)
-        mean = torch.where(degenerate, count / count.clamp_min(1.0), mean)
-        w_bar = base / mean.clamp_min(torch.finfo(dtype).tiny)[:, None, None]
+                if cfg.footprint > 1.0 and cfg.footprint_power > 0 else None)
+        w_seg = (_segment_term(region_fraction, valid, A.dtype, cfg.segment_power)
+                 if region_fraction is not None and cfg.reads_regions else None)
 
-        if squeeze:
-            w_bar = w_bar[0]
+        used = [t for t in (w_op, w_var, w_edge, w_fp, w_seg) if t is not None]  # x * 1 = x exactly: no factor 1
+        raw = (functools.reduce(torch.mul, used) if used else torch.ones_like(A)).clamp_min(cfg.min_weight)
+        raw = torch.where(valid, raw, torch.zeros_like(raw))
+        w_bar = _normalised_per_view(raw, valid)
         if not return_terms:
-            return w_bar
-        terms = {
-            "op": w_op, "var": w_var, "edge": w_edge, "footprint": w_fp, "segment": w_seg, "raw": raw, "depth": dbar, "variance": var,
-            "relvar": relvar, "edge_depth": g_depth, "edge_feat": g_feat,
-        }
-        if squeeze:
-            terms = {k: t[0] for k, t in terms.items()}
-        terms["weight"] = w_bar
-        return w_bar, terms
+            return w_bar[0] if squeeze else w_bar
+        ones = torch.ones_like(A)
+        terms = {"op": w_op, "var": w_var, "edge": w_edge, "footprint": w_fp, "segment": w_seg, "raw": raw,
+                 "depth": dbar, "variance": var, "relvar": relvar, "edge_depth": g_depth, "edge_feat": g_feat,
+                 "weight": w_bar}
+        terms = {k: (ones if t is None else t)[0] if squeeze else (ones if t is None else t) for k, t in terms.items()}
+        return terms["weight"], terms
 
 
 def teacher_footprint(map_size: Tuple[int, int], render_size: Tuple[int, int]) -> float:

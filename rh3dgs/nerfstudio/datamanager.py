@@ -67,6 +67,9 @@ class Rh3dgsDataManager(FullImageDatamanager[InputDataset]):
     def __init__(self, config: Rh3dgsDataManagerConfig, device: Union[torch.device, str] = "cpu", *args, **kwargs):
         if str(device).startswith("cpu") and config.cache_images == "cpu":
             config.cache_images = "gpu"  # == the device; pin_memory() would need CUDA
+        cache = config.teacher_cache_dir or config.teacher.cache_dir
+        if cache and getattr(config.dataparser, "image_cache_dir", "") is None:  # as the rh3dgs commands' --cache
+            config.dataparser.image_cache_dir = Path(cache) / "images"
         super().__init__(config, device, *args, **kwargs)
         self._teacher_maps: Dict[str, DatasetMaps] = {}
         self._teacher_native: Dict[Tuple[str, int], torch.Tensor] = {}
@@ -103,7 +106,7 @@ class Rh3dgsDataManager(FullImageDatamanager[InputDataset]):
             t = self.config.teacher
             teacher = t.setup(self.data_dir)
             cache = self.config.teacher_cache_dir or t.cache_dir
-            maps = dataset_maps(teacher, images, cache, data_dir=self.data_dir, progress=False)
+            maps = dataset_maps(teacher, images, cache, data_dir=self.data_dir, progress=True)  # bars at a terminal
             where = f"from {Path(maps.files[0]).parent}" if len(maps) else ""
             CONSOLE.log(f"rh3dgs teacher '{teacher.name}' ({split}): {maps.stats.get('computed', 0)} computed, "
                         f"{maps.stats.get('reused', 0)} reused{'' if maps.cached else ', read in place'} {where}")

@@ -33,8 +33,9 @@ The CPU-safe splatfacto is :mod:`rh3dgs.nerfstudio.splatfacto_native`; this mode
 * ``freeze_geometry``: only the semantic parts train (no gradient to means / scales / quats / opacities,
   no densification): ``distill()``'s problem, on the model's Gaussians (e.g. a trained splatfacto's).
 
-``semantics=False`` in the config builds :class:`SplatfactoNativeModel` itself (splatfacto on rh3dgs's
-rasterizer: the CPU baseline of ``benchmarks/bench_nstrain.py``).
+Plain splatfacto on rh3dgs's rasterizer (the CPU baseline of ``benchmarks/bench_nstrain.py``) is its own method,
+``ns-train splatfacto-native`` / ``splatfacto-native-lite`` (:class:`SplatfactoNativeModelConfig`); this config's
+``semantics=False``, kept for the runs and scripts written with it, makes its ``_target`` that model.
 """
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ class Rh3dgsModelConfig(SplatfactoNativeModelConfig):
 
     _target: Type = field(default_factory=lambda: Rh3dgsModel)
     semantics: bool = True
-    """Off: plain splatfacto on rh3dgs's rasterizer (no latents, teacher maps or semantic losses)."""
+    """Off: build plain splatfacto (as ns-train splatfacto-native does): no latents, teacher maps or losses."""
     latent_dim: Annotated[int, Range(ge=1)] = 16
     """d: per-Gaussian semantic latent size."""
     objective: ObjectiveConfig = field(default_factory=lambda: ObjectiveConfig(lambda_sem=0.1, lambda_con=0.03))
@@ -90,9 +91,19 @@ class Rh3dgsModelConfig(SplatfactoNativeModelConfig):
     semantic_eval_metrics: bool = True
     """Report the mean teacher cosine (and its VCD-weighted version) in the eval metrics."""
 
-    def setup(self, **kwargs):
-        """The model: :class:`Rh3dgsModel`, or with ``semantics=False`` :class:`SplatfactoNativeModel`."""
-        return (self._target if self.semantics else SplatfactoNativeModel)(self, **kwargs)
+    def __post_init__(self) -> None:
+        super().__post_init__()  # the numeric fields against their declared ranges (rh3dgs.ranges)
+        # the model this config builds (setup() builds _target): semantics off is plain splatfacto
+        if not self.semantics:
+            self._target = SplatfactoNativeModel
+        elif self._target is SplatfactoNativeModel:  # dataclasses.replace(semantics=True) of an "off" config
+            self._target = Rh3dgsModel
+
+    def __setstate__(self, state) -> None:
+        """A config read back from a run's config.yml (nerfstudio's ``yaml.Loader``) builds what it was written
+        with: a run written with ``semantics: false`` names ``Rh3dgsModel`` as its ``_target``."""
+        self.__dict__.update(state)
+        self.__post_init__()
 
 
 class Rh3dgsModel(SplatfactoNativeModel):
@@ -180,7 +191,7 @@ class Rh3dgsModel(SplatfactoNativeModel):
                 raise ConfigError("rh3dgs: init='lift' needs the training cameras at one image size (pinhole); "
                                   "this dataset's differ: use --pipeline.model.init random")
             g = self.gaussians_for_render(detach=True)
-            lat0, dec0, res = initial_field(g, cameras.to(dev), list(teacher_maps), d, cfg.lift)
+            lat0, dec0, res = initial_field(g, cameras.to(dev), list(teacher_maps), d, cfg.lift, progress=True)
             lat[:, : lat0.shape[1]] = lat0.to(dev)  # D < d: the lift's latents have D columns
             dec[:, : dec0.shape[1]] = dec0.to(dev)
             CONSOLE.log(f"rh3dgs: latents and decoder initialised by the lift ({res.info['valid']}/{len(g)} "
@@ -352,7 +363,7 @@ class Rh3dgsModel(SplatfactoNativeModel):
             # LIC's appearance positives read the colours only when its graph is rebuilt
             due = obj.lic.needs_refresh(self.step, int(live.numel()))
             colors = self.gaussians_for_render(detach=True).base_colors if due else None
-            losses["lic_loss"] = obj.contrast(self.step, lat, self.decoder, self.means, subset=subset, colors=colors)
+            losses["lic_loss"] = obj.lic_loss(self.step, lat, self.decoder, self.means, subset=subset, colors=colors)
         return losses
 
     @torch.no_grad()

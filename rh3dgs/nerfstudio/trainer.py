@@ -13,6 +13,14 @@ latest and fails on. Here:
   temp files of an interrupted save are ignored. With no loadable checkpoint it stops with
   a clear error. ``--load-step`` / ``--load-checkpoint`` load exactly what they name.
 
+A run that fails before its first step leaves nothing behind: nerfstudio's ``train.py`` writes ``config.yml``
+(and so the run folder) before the trainer is set up; :meth:`Rh3dgsTrainerConfig.save_config` defers that
+write to the end of :meth:`Rh3dgsTrainer.setup`, and a failure before the first step completes removes the
+folders this run created. An input problem (an :class:`rh3dgs.errors.Rh3dgsError`: a missing image, a bad
+``transforms.json`` or seed PLY, a teacher that cannot be built) ends ``ns-train`` with one line
+``ns-train: error: <file> [field]: problem`` on stderr and a non-zero exit code, no traceback
+(``RH3DGS_DEBUG=1`` shows it).
+
 Checkpoints are read with ``weights_only=True`` (rh3dgs checkpoints hold only tensors and
 plain values; see :mod:`rh3dgs.nerfstudio.config`).
 
@@ -25,12 +33,15 @@ ETA column extrapolates the last 20 iteration times and is first printed from it
 """
 from __future__ import annotations
 
+import os
+import shutil
 import statistics
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Deque, Optional, Type
+from typing import Deque, List, Optional, Type
 
 import torch
 from nerfstudio.engine.trainer import Trainer, TrainerConfig
@@ -118,16 +129,56 @@ class TrainingClock:
                 f"{format_duration(remaining * per_it)} to go)")
 
 
+def _one_line_errors(previous):
+    """A ``sys.excepthook`` that prints an uncaught :class:`Rh3dgsError` as one line (others: ``previous``)."""
+
+    def hook(kind, value, tb):
+        if isinstance(value, Rh3dgsError) and os.environ.get("RH3DGS_DEBUG") != "1":
+            print(f"ns-train: error: {' '.join(str(value).split())}", file=sys.stderr)
+            return
+        previous(kind, value, tb)
+
+    hook.rh3dgs = True  # type: ignore[attr-defined]
+    return hook
+
+
 class Rh3dgsTrainer(Trainer):
-    """nerfstudio's Trainer with atomic checkpoint writes, a resume that skips broken files and an early ETA."""
+    """nerfstudio's Trainer with atomic checkpoint writes, a resume that skips broken files, an early ETA, and a run
+    folder that exists only once the run can start (module doc)."""
 
     config: "Rh3dgsTrainerConfig"
     clock: Optional[TrainingClock] = None
     """Set by :meth:`train` (a loop driving :meth:`train_iteration` itself gets no ETA lines)."""
+    _created: List[Path] = []
+    """The run folder and those of its parents that did not exist before :meth:`setup` (removed on an early failure)."""
+
+    def setup(self, test_mode="val") -> None:
+        """nerfstudio's set-up; then the deferred ``config.yml``. Any failure removes what the run created."""
+        run = Path(self.base_dir)
+        self._created = [p for p in (run, *run.parents) if not p.exists()]
+        try:
+            super().setup(test_mode)
+            TrainerConfig.save_config(self.config)
+        except BaseException as exc:
+            self._remove_run_folder()
+            if isinstance(exc, Rh3dgsError) and not getattr(sys.excepthook, "rh3dgs", False):
+                sys.excepthook = _one_line_errors(sys.excepthook)
+            raise
+
+    def _remove_run_folder(self) -> None:
+        """Delete the run folder and the parents this run created (a run that never took a step)."""
+        for p in self._created:  # the run folder first, then its new parents, innermost first
+            if p.is_dir() and (p == Path(self.base_dir) or not any(p.iterdir())):
+                shutil.rmtree(p, ignore_errors=True)
 
     def train(self) -> None:
         self.clock = TrainingClock(self._start_step, self.config.max_num_iterations)
-        super().train()
+        try:
+            super().train()
+        except BaseException:
+            if self.step <= self._start_step and not any(self.checkpoint_dir.glob("step-*.ckpt")):
+                self._remove_run_folder()  # failed before its first step: nothing to keep
+            raise
 
     def train_iteration(self, step: int):
         if self.clock is not None:
@@ -191,6 +242,12 @@ class Rh3dgsTrainer(Trainer):
 
 @dataclass
 class Rh3dgsTrainerConfig(TrainerConfig):
-    """:class:`TrainerConfig` that builds a :class:`Rh3dgsTrainer`."""
+    """:class:`TrainerConfig` that builds a :class:`Rh3dgsTrainer`; its ``config.yml`` is written once the trainer
+    is set up (module doc)."""
 
     _target: Type = field(default_factory=lambda: Rh3dgsTrainer)
+
+    def save_config(self) -> None:
+        """Deferred: nerfstudio's ``train.py`` calls this before the data, the teacher and the model are set up;
+        :meth:`Rh3dgsTrainer.setup` writes ``config.yml`` (nerfstudio's :meth:`TrainerConfig.save_config`) when
+        they are, so a run that cannot start leaves no run folder."""

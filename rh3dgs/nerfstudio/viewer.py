@@ -35,9 +35,9 @@ runs its text tower), built lazily on the first query. The panel learns the teac
 with the pipeline) reads ``viewer.pipeline.datamanager.teacher_spec()``. Without a viewer, call
 :meth:`TextQueryPanel.set_teacher_spec` or :meth:`TextQueryPanel.set_text_encoder`.
 
-Security: building the panel (that is, any rh3dgs model: ``ns-train rh3dgs``, ``ns-viewer --load-config`` on
-an rh3dgs run) installs :mod:`rh3dgs.viewer.guard` before nerfstudio starts its viser server
-(:func:`install_viewer_guard`): only viser's asset files are served, WebSocket connections from a foreign
+Security: the rh3dgs pipeline (:class:`rh3dgs.nerfstudio.pipeline.Rh3dgsPipeline`: ``ns-train rh3dgs``,
+``ns-viewer --load-config`` on an rh3dgs run) installs :mod:`rh3dgs.viewer.guard` before nerfstudio starts its
+viser server (:func:`install_viewer_guard`): only viser's asset files are served, WebSocket connections from a foreign
 ``Origin`` are refused, and the server binds 127.0.0.1 unless the command line names
 ``--viewer.websocket-host`` (``ns-viewer`` replaces the run's viewer config with its own defaults, whose
 host is 0.0.0.0, so the run's ``websocket_host="127.0.0.1"`` alone does not reach it).
@@ -172,7 +172,6 @@ class TextQueryPanel(torch.nn.Module):
     # Attribute names sort in display order: parse_object lists dir(), which is alphabetical.
     def __init__(self, model, temperature: float = TEMPERATURE) -> None:
         super().__init__()
-        install_viewer_guard()  # before nerfstudio builds its viser server (the model comes first)
         object.__setattr__(self, "_model_ref", weakref.ref(model))
         self.temperature = float(temperature)
         self._lock = threading.RLock()

@@ -11,6 +11,13 @@ Layout::
 teacher's feature file digest), so renaming / moving images keeps their entries and
 editing an image recomputes only that image; identical images share one entry.
 
+One keying rule for every entry point: the image is the one the teacher sees, and ``rh3dgs extract``,
+``rh3dgs lift`` and the ``ns-train rh3dgs`` data manager all get it from
+:func:`rh3dgs.io.transforms.load_posed_images` with the same dataset options (downscale, missing images,
+undistortion): the dataset's own file, its ``images_N`` copy, or the undistorted / resized PNG in
+``<cache>/images`` (written once, byte-identical for every reader). So on a distorted, downscaled capture
+the three read and write the same entries: whichever runs first computes, the others reuse.
+
 Every ``.npy`` is written atomically and its sha256, size, shape and dtype are recorded in the
 manifest. An entry is used only when its file exists and matches the recorded checksum, size and
 array header (shape ``[h, w, D]`` with the teacher's D); anything else (truncated / corrupt / edited
@@ -48,7 +55,8 @@ from ..memory import read_text_sized
 from ..progress import track
 from .base import Teacher
 
-__all__ = ["extract_features", "read_cached", "teacher_cache_dir", "file_sha256", "MANIFEST_NAME"]
+__all__ = ["extract_features", "read_stored_map", "teacher_cache_dir", "cached_teachers", "file_sha256",
+           "MANIFEST_NAME"]
 
 MANIFEST_NAME = "manifest.json"
 _PART_GLOB = "manifest.rank*.json"  # per-rank journals of a distributed run
@@ -97,7 +105,32 @@ def _read_manifest(folder: Path, key: str) -> Dict[str, Dict[str, Any]]:
 def _manifest_payload(teacher: Teacher, entries: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
     settings = teacher.settings() if hasattr(teacher, "settings") else {}
     return {"format": _FORMAT, "teacher_key": teacher.cache_key(), "teacher": teacher.name, "dim": teacher.dim,
-            "settings": settings, "entries": dict(sorted(entries.items()))}
+            "settings": settings, "spec": getattr(teacher, "spec", None), "entries": dict(sorted(entries.items()))}
+
+
+def _manifest_spec(folder: Path) -> Optional[Dict[str, Any]]:
+    try:
+        data = json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return data.get("spec") if isinstance(data, dict) else None
+
+
+def cached_teachers(cache_dir: PathLike) -> List[Tuple[Dict[str, Any], Path]]:
+    """``(spec, folder)`` of every teacher with entries under ``cache_dir``, the most recently written first: the
+    spec its manifest records (:func:`rh3dgs.teachers.make_teacher` builds it back). What ``rh3dgs lift`` uses by
+    default: the teacher the data's cache already holds."""
+    found = []
+    for manifest in Path(cache_dir).glob(f"*/{MANIFEST_NAME}"):
+        try:
+            data = json.loads(manifest.read_text(encoding="utf-8"))
+            stamp = manifest.stat().st_mtime_ns
+        except (OSError, ValueError, UnicodeDecodeError):
+            continue
+        spec = data.get("spec") if isinstance(data, dict) else None
+        if isinstance(spec, dict) and isinstance(spec.get("name"), str) and data.get("entries"):
+            found.append((stamp, spec, manifest.parent))
+    return [(spec, folder) for _, spec, folder in sorted(found, key=lambda x: -x[0])]
 
 
 def _write_manifest(folder: Path, teacher: Teacher, entries: Dict[str, Dict[str, Any]],
@@ -253,6 +286,8 @@ def extract_features(teacher: Teacher, image_paths: Sequence[PathLike], cache_di
     finally:
         if new_records:
             journal(new_records, final=True)
+        elif world == 1 and unique and _manifest_spec(folder) != getattr(teacher, "spec", None):
+            _write_manifest(folder, teacher, {})  # a manifest of an older rh3dgs: record what built the teacher
 
     computed_by_rank = [len(mine)]
     if world > 1:
@@ -271,11 +306,12 @@ def extract_features(teacher: Teacher, image_paths: Sequence[PathLike], cache_di
     return [folder / f"{e}.npy" for e in entries]
 
 
-def read_cached(path: PathLike) -> torch.Tensor:
-    """Read a cached map as stored -> ``[h, w, D]`` float32 (the teacher's resolution, float16-rounded).
+def read_stored_map(path: PathLike) -> torch.Tensor:
+    """A cache entry exactly as stored -> ``[h, w, D]`` float32: the teacher's resolution, float16-rounded rows that
+    are not quite unit vectors. Checks the file (:class:`~rh3dgs.errors.FeatureFormatError` naming it).
 
-    Every problem raises :class:`~rh3dgs.errors.FeatureFormatError` naming the file. Consumers use
-    :func:`rh3dgs.teachers.maps.load_cached`, which also renormalises (and resizes).
+    The cache's own reader; consumers use :func:`rh3dgs.teachers.maps.load_cached`, the map ready for use (rows
+    renormalised to unit vectors, optionally resized to the image).
     """
     path = Path(path)
     if not path.is_file():

@@ -69,11 +69,16 @@ def make_teacher(name: str, **kwargs: Any) -> Teacher:
     """
     factory = teacher_factory(name)
     try:
-        return factory(**kwargs)
+        teacher = factory(**kwargs)
     except TypeError as e:
         if "unexpected keyword argument" in str(e) or "got an unexpected" in str(e):
             raise ConfigError(f"teacher {name!r}: {e}") from None
         raise
+    try:  # what built it: the feature cache's manifest records it, so `rh3dgs lift` can default to it
+        teacher.spec = {"name": name, **kwargs}
+    except AttributeError:  # pragma: no cover - a factory returning an object without a __dict__
+        pass
+    return teacher
 
 
 _PATH_KEYS = ("features_dir", "data_dir", "text_embeddings", "checkpoint", "cache_dir")
@@ -148,6 +153,13 @@ class TeacherConfig:
     def setup(self, data_dir: Optional[PathLike] = None) -> Teacher:
         """Build the teacher this config describes."""
         return make_teacher(self.name, **self.teacher_kwargs(data_dir))
+
+    @classmethod
+    def from_spec(cls, spec: Dict[str, Any], **changes: Any) -> "TeacherConfig":
+        """The config whose :meth:`spec` is ``spec`` (the keys that are this config's fields; ``changes`` on top)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in spec.items() if k in names}
+        return cls(**{**kw, **changes})
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)

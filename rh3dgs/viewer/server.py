@@ -85,21 +85,17 @@ def check_port(host: str, port: int) -> int:
 
 
 def _scene_center_extent(means: torch.Tensor) -> Tuple[np.ndarray, float]:
-    m = means.detach().float().cpu()
-    m = m[torch.isfinite(m).all(-1)]
-    if len(m) == 0:
-        return np.zeros(3), 1.0
-    if len(m) > 200_000:
-        m = m[torch.linspace(0, len(m) - 1, 200_000).long()]
-    center = m.median(dim=0).values
-    extent = float(torch.quantile((m - center).norm(dim=-1), 0.9))
-    return center.numpy().astype(np.float64), max(extent, 1e-3)
+    """:func:`rh3dgs.cameras.scene_bounds` as (float64 array, extent)."""
+    from ..cameras import scene_bounds
+
+    center, extent = scene_bounds(means)
+    return center.numpy().astype(np.float64), extent
 
 
 def initial_pose(scene) -> Tuple[ViewPose, np.ndarray]:
     """(the pose to open the page at, the world up direction): the scene's first camera when it has
-    cameras (world up = the cameras' mean up vector), else a view from above one corner of the Gaussians'
-    bounding region with +z up."""
+    cameras (world up = the cameras' mean up vector), else a view of the Gaussians from 35 degrees above,
+    about the up axis :func:`rh3dgs.cameras.detect_up` finds (what ``rh3dgs render`` orbits without cameras)."""
     center, extent = _scene_center_extent(scene.gaussians.means)
     if scene.cameras is not None and len(scene.cameras):
         cams = scene.cameras
@@ -113,9 +109,12 @@ def initial_pose(scene) -> Tuple[ViewPose, np.ndarray]:
         # horizontal drag in the browser rolls the horizon
         pose.up = up
         return pose, up
-    eye = center + extent * 2.5 * np.array([1.0, 1.0, 0.7]) / np.linalg.norm([1.0, 1.0, 0.7])
-    cam = Cameras.look_at(torch.tensor(eye[None]).float(), torch.tensor(center).float(), up=(0.0, 0.0, 1.0))
-    return pose_from_cameras(cam, 0, target_distance=float(np.linalg.norm(eye - center))), np.array([0.0, 0.0, 1.0])
+    from ..cameras import AXES, detect_up, orbit_cameras
+
+    up_name, _ = detect_up(scene.gaussians.means, scene.gaussians.opacities)  # as `rh3dgs render` without cameras
+    cam = orbit_cameras(torch.tensor(center).float(), extent, up_name, views=8, width=128, height=128,
+                        elevation_deg=35.0)[1]
+    return pose_from_cameras(cam, 0, target_distance=2.5 * extent), np.array(AXES[up_name])
 
 
 class RenderCache:
