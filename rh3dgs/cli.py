@@ -51,7 +51,7 @@ from .presets import as_config, load_preset
 from .progress import track
 from . import query as query_types
 from .query import CANONICAL_NEGATIVES, THRESHOLD, format_queries, parse_queries
-from .ranges import RangeError, check_fields, command_line
+from .ranges import Range, RangeError, check_fields, command_line
 from .teachers import TeacherConfig
 from .viewer.cli import View
 
@@ -222,16 +222,19 @@ class Synth:
 class OrbitOptions:
     """The cameras rh3dgs render places around a scene that comes without a transforms.json."""
 
-    orbit: int = 36
+    orbit: Annotated[int, Range(ge=1)] = 36
     """number of cameras on the orbit (one turn)"""
-    size: int = 512
+    size: Annotated[int, Range(ge=8)] = 512
     """image width and height in pixels"""
     up: Literal["auto", "x", "-x", "y", "-y", "z", "-z"] = "auto"
     """the scene's up axis (auto: detected from the Gaussians' spread, rh3dgs.cameras.detect_up)"""
-    fov: float = 50.0
+    fov: Annotated[float, Range(ge=1.0, le=170.0)] = 50.0
     """field of view in degrees"""
-    elevation: float = 20.0
+    elevation: Annotated[float, Range(ge=-90.0, le=90.0)] = 20.0
     """height of the orbit above the scene's centre, in degrees"""
+
+    def __post_init__(self) -> None:
+        check_fields(self)  # at least 1 view of 8 x 8 pixels, a field of view in [1, 170] degrees
 
 
 @dataclass
@@ -286,10 +289,7 @@ class Render:
             cams, images = _load_cameras(self.images, None, self.transforms, check_images=False, require_images=False,
                                          preflight=preflight)
             return cams, [p.stem[:80] for p in images]
-        o = self.camera
-        if o.orbit < 1 or o.size < 8 or not 1.0 <= o.fov <= 170.0:
-            raise ConfigError(f"--orbit {o.orbit} --size {o.size} --fov {o.fov:g}: at least 1 view of 8 x 8 pixels, "
-                              "a field of view between 1 and 170 degrees")
+        o = self.camera  # its numbers are in their declared ranges (OrbitOptions)
         preflight(o.orbit, o.size, o.size)
         centre, extent = scene_bounds(gaussians.means, gaussians.opacities)
         up, why = (o.up, "given") if o.up != "auto" else detect_up(gaussians.means, gaussians.opacities)

@@ -61,7 +61,10 @@ def test_check_fields_names_the_field_and_the_option_given():
 
 
 def _config_classes():
+    from rh3dgs.cli import OrbitOptions
     from rh3dgs.data.synthetic import SceneConfig
+    from rh3dgs.data.teacher_sim import TeacherSimConfig
+    from rh3dgs.data.teacher_sim_masks import MaskTeacherSimConfig
     from rh3dgs.distill import DistillConfig
     from rh3dgs.io.transforms import ImageOptions
     from rh3dgs.lifting import LiftConfig
@@ -75,7 +78,8 @@ def _config_classes():
     from rh3dgs.viewer.server import ViewerConfig
 
     return [LiftConfig, VCDConfig, VFMConfig, FrechetMeanConfig, LICConfig, ObjectiveConfig, SceneConfig, ImageOptions,
-            TeacherConfig, ViewerConfig, DistillConfig, ControlState]
+            TeacherConfig, ViewerConfig, DistillConfig, ControlState, OrbitOptions, TeacherSimConfig,
+            MaskTeacherSimConfig]
 
 
 def _outside(r: Range, sample):

@@ -113,8 +113,6 @@ class LICConfig:
             raise ConfigError(f"LICConfig.positives must be 'features' or 'appearance', got {self.positives!r}")
         if self.form not in ("infonce", "pull"):
             raise ConfigError(f"LICConfig.form must be 'infonce' or 'pull', got {self.form!r}")
-        if self.cluster_position_weight < 0:
-            raise ConfigError(f"LICConfig.cluster_position_weight must be >= 0, got {self.cluster_position_weight}")
 
 
 def radius_graph(means: Tensor, radius: float, max_neighbors: int, workers: int = 1) -> Tensor:
