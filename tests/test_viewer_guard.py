@@ -270,7 +270,7 @@ def _ns_dataset(root: Path, views: int = 4, size: int = 32) -> Path:
     return root
 
 
-def test_nerfstudio_viewer_of_an_rh3dgs_pipeline_binds_localhost_and_is_guarded(tmp_path, monkeypatch):
+def test_nerfstudio_viewer_of_an_rh3dgs_pipeline_binds_localhost_and_is_guarded(tmp_path, monkeypatch, capfd):
     """nerfstudio's own viewer class, built as ``ns-viewer --load-config`` builds it: with nerfstudio's default
     ViewerConfig (websocket_host 0.0.0.0, which ns-viewer puts in place of the run's config) and an rh3dgs
     pipeline: it listens on 127.0.0.1 only, its banner says so, and it is guarded."""
@@ -302,6 +302,21 @@ def test_nerfstudio_viewer_of_an_rh3dgs_pipeline_binds_localhost_and_is_guarded(
             assert status in (403, 404) and b"root:" not in body, (target, status)
         assert ws_handshake(port, origin="http://evil.example") == 403
         assert ws_handshake(port, origin=f"http://127.0.0.1:{port}") == 101
+        # crafted client messages: one line each, the connection stays open (the same guard as rh3dgs view)
+        import msgspec
+        from websockets.sync.client import connect
+
+        capfd.readouterr()
+        with connect(f"ws://127.0.0.1:{port}", max_size=None, open_timeout=20) as ws:
+            for raw in (b"\xc1\xff", msgspec.msgpack.encode(_camera(wxyz=[float("nan"), 0.0, 0.0, 0.0])),
+                        msgspec.msgpack.encode(_camera(fov=0.0))):
+                ws.send(raw)
+            time.sleep(1.0)
+            ws.send(msgspec.msgpack.encode(_camera()))  # still open: a good camera is taken
+            time.sleep(0.5)
+        err = capfd.readouterr().err
+        ignored = [ln for ln in err.splitlines() if ln.startswith("rh3dgs: viewer: ignored a message")]
+        assert len(ignored) == 3 and "Traceback" not in err, err[-2000:]
     finally:
         viewer.viser_server.stop()
 
