@@ -6,6 +6,8 @@
     rh3dgs extract --data DIR --teacher T   teacher features for the dataset's images (cached;
                                             data-parallel: torchrun --nproc_per_node=K -m rh3dgs.cli extract ...)
     rh3dgs lift SCENE.ply --data DIR        training-free lift -> semantic scene folder
+    rh3dgs distill SCENE.ply --data DIR     the lift, then semantic distillation on the fixed Gaussians
+                                            (lift and distill are data-parallel under torchrun --nproc_per_node=K)
     rh3dgs query SCENE "red mug;chair"      relevancy PNGs over the cameras, 3D selections
     rh3dgs select / export                  selections and whole scenes as 3DGS PLY
     rh3dgs eval SCENE --data DIR | --suite  protocols and the synthetic ablation suite
@@ -31,6 +33,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -38,9 +42,11 @@ from pathlib import Path
 from typing import Annotated, List, Literal, Optional, Tuple, Union
 
 import tyro
-from tyro.conf import FlagCreatePairsOff, Positional, arg, subcommand
+from tyro.conf import FlagCreatePairsOff, Positional, Suppress, arg, subcommand
 
 from .data.synthetic import SceneConfig
+from .distill import DistillConfig
+from .method.objective import ObjectiveConfig
 from .errors import ConfigError, Rh3dgsError
 from .eval.cli import Eval
 from .io.atomic import atomic_folder
@@ -496,11 +502,30 @@ class Lift:
     overwrite: Overwrite = False
 
     def main(self) -> int:
+        """Single process, or data-parallel under ``torchrun`` (each rank lifts its share of the views and
+        Gaussians, :mod:`rh3dgs.lifting.shard`; rank 0 writes and prints)."""
+        from .lifting import lift
+
+        cfg = self.lift.config()
+        if self.streaming:
+            cfg.cache_projections, cfg.compact_cache = False, False
+
+        def fit(gaussians, cams, maps, checkpoint: Path):
+            res = lift(gaussians, cams, maps, cfg, checkpoint=checkpoint)
+            return res.field(), res.info, (f"lifted {len(gaussians)} Gaussians ({res.info['observed']} observed, "
+                                           f"{res.info['filled']} filled from 3D neighbours) over {len(cams)} views")
+
+        return self.run(cfg, fit, "lift")
+
+    def run(self, cfg: LiftConfig, fit, what: str) -> int:
+        """Load the scene, cameras and teacher maps, ``fit(gaussians, cameras, maps, checkpoint) -> (field, info,
+        line)``, write the scene folder (rank 0). Under torchrun the process group spans the job; the checkpoint
+        folder (in the feature cache, named after the output) lets a rerun of the same command resume."""
+        from .distributed import process_group_from_env
         from .io.coordinate_frames import to_data_frame
         from .io.ply import load_ply
         from .io.scene import save_scene
         from .lifting.preflight import preflight_lift
-        from .lifting import lift
         from .teachers import default_cache_dir, spec_paths
 
         data = Path(self.data)
@@ -515,36 +540,132 @@ class Lift:
             from .errors import PlyFormatError
 
             raise PlyFormatError(self.scene, "the PLY has 0 vertices: no Gaussians to lift")
-        teacher = tcfg.setup(data)
-        d_teacher = int(teacher.dim)
-        cfg = self.lift.config()
         if cfg.latent_dim < 1:  # the API's lift may skip the decoder; a scene folder stores latents and decoder
             raise RangeError("LiftConfig", "latent_dim", cfg.latent_dim, ">= 1 for a scene folder (0 skips the "
                              "decoder: rh3dgs.lift in Python)", flag="--latent-dim")
-        if self.streaming:
-            cfg.cache_projections, cfg.compact_cache = False, False
+        with process_group_from_env() as group:
+            world, main = (1, True) if group is None else (group.world_size, group.is_main)
+            if group is not None and group.device.type == "cuda":
+                tcfg = dataclasses.replace(tcfg, device=str(group.device))  # each rank on its LOCAL_RANK GPU
+            teacher = tcfg.setup(data)
+            d_teacher = int(teacher.dim)
 
-        def preflight(views: int, w: int, h: int) -> None:  # before any per-frame work or image
-            preflight_lift(len(gaussians), views, h, w, d_teacher, cfg, device=str(gaussians.device))
+            def preflight(views: int, w: int, h: int) -> None:  # before any per-frame work or image
+                preflight_lift(len(gaussians), views, h, w, d_teacher, cfg, device=str(gaussians.device),
+                               world_size=world)
 
-        cams, images = _load_cameras(self.images, cache, data, check_images=False, preflight=preflight)
-        gaussians, frame = to_data_frame(gaussians, self.scene, cams, data, frame=self.frame, images=images)
-        if frame != "data":
-            print(f"{self.scene}: Gaussians in the {frame} frame, mapped to the dataset's (rh3dgs.io.coordinate_frames)")
-        print(preflight_lift(len(gaussians), len(cams), cams.height, cams.width, d_teacher, cfg,
-                             device=str(gaussians.device)).summary())
-        maps = _dataset_maps(cache, teacher, data, images)
-        print(_maps_summary(maps))
-        res = lift(gaussians, cams, maps, cfg)
-        table = {}
-        if hasattr(teacher, "text_queries"):
-            names = teacher.text_queries()
-            table = dict(zip(names, teacher.encode_text(names)))
-        out = save_scene(prepare_output_dir(out, self.overwrite, inputs), gaussians, res.field(), cams, images,
-                         teacher=spec, text_embeddings=table, info=res.info)
-        print(f"lifted {len(gaussians)} Gaussians ({res.info['observed']} observed, {res.info['filled']} filled "
-              f"from 3D neighbours) over {len(cams)} views in {res.info['seconds']:.1f} s -> {out}")
+            cams, images = _load_cameras(self.images, cache, data, check_images=False, preflight=preflight)
+            gaussians, frame = to_data_frame(gaussians, self.scene, cams, data, frame=self.frame, images=images)
+            if main and frame != "data":
+                print(f"{self.scene}: Gaussians in the {frame} frame, mapped to the dataset's "
+                      "(rh3dgs.io.coordinate_frames)")
+            estimate = preflight_lift(len(gaussians), len(cams), cams.height, cams.width, d_teacher, cfg,
+                                      device=str(gaussians.device), world_size=world)
+            if main:
+                print(estimate.summary())
+            maps = _dataset_maps(cache, teacher, data, images, distributed=group is not None)
+            if main:
+                print(_maps_summary(maps))
+            if group is not None:
+                gaussians = gaussians.to(group.device)
+            resume = _resume_folder(Path(cache) if cache else default_cache_dir(data), what, out, main)
+            field, info, line = fit(gaussians, cams, maps, resume)
+            if not main:
+                return 0
+            table = {}
+            if hasattr(teacher, "text_queries"):
+                names = teacher.text_queries()
+                table = dict(zip(names, teacher.encode_text(names)))
+            out = save_scene(prepare_output_dir(out, self.overwrite, inputs), gaussians.to("cpu"), field.to("cpu"),
+                             cams, images, teacher=spec, text_embeddings=table, info=info)
+            if resume is not None:  # done: nothing to resume (and no folder left that was not there)
+                shutil.rmtree(resume, ignore_errors=True)
+                for empty in (resume.parent, resume.parent.parent):
+                    with contextlib.suppress(OSError):
+                        empty.rmdir()
+            over = f" {_shares(info)}" if group is not None else ""
+            resumed = (f" (resumed after pass {info['resumed_after_pass']})" if "resumed_after_pass" in info else
+                       f" (resumed at step {info['resumed_at_step']})" if "resumed_at_step" in info else "")
+            print(f"{line}{over} in {info['seconds']:.1f} s{resumed} -> {out}")
         return 0
+
+
+def _resume_folder(cache: Path, what: str, out: Path, main: bool) -> Optional[Path]:
+    """The checkpoint folder of the job writing ``out`` (in the feature cache's ``resume/``), or None where it cannot
+    be written (a read-only dataset: the job runs without checkpoints, a rerun starts over)."""
+    folder = cache / "resume" / f"{what}-{hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:12]}"
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        probe = folder.parent / f".probe-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        if main:
+            print(f"rh3dgs: warning: no checkpoints ({folder.parent}: {exc.strerror or exc}); a rerun starts over",
+                  file=sys.stderr)
+        return None
+    return folder
+
+
+def _shares(info: dict) -> str:
+    """"over 2 processes (views 4 + 4, Gaussians owned 500 + 500, seen 800 + 790)" of a distributed job's info
+    (each rank's views; the Gaussians whose sums it finished and those its views see in the lift)."""
+    join = lambda xs: " + ".join(map(str, xs))  # noqa: E731
+    gaussians = (f", Gaussians owned {join(info['owned_by_rank'])}, seen {join(info['seen_by_rank'])}"
+                 if "owned_by_rank" in info else "")
+    return f"over {info['world_size']} processes (views {join(info['views_by_rank'])}{gaussians})"
+
+
+@dataclass
+class DistillOptions(DistillConfig):
+    """:class:`DistillConfig` on the command line: its own fields (``--steps``, ``--view-order 3 0 5 ...``); its
+    objective and lift settings come from ``--config YAML`` (their defaults otherwise)."""
+
+    init: Literal["lift", "pca"] = DistillConfig.init
+    seed: Annotated[int, arg(name="distill-seed", help="seed of the views' order (and of init=pca's latents); "
+                                                         "--seed is the teacher's")] = DistillConfig.seed
+    objective: Annotated[ObjectiveConfig, Suppress] = field(default_factory=ObjectiveConfig)
+    lift: Annotated[LiftConfig, Suppress] = field(default_factory=LiftConfig)
+
+    def config(self) -> DistillConfig:
+        return as_config(DistillConfig, self)
+
+
+@dataclass
+class Distill:
+    """The lift, then semantic distillation (the VCD + VFM + LIC objective) on the PLY's fixed Gaussians -> a semantic
+    scene folder. Data-parallel over K processes: torchrun --nproc_per_node=K -m rh3dgs.cli distill ...; a rerun of
+    the same command resumes from the last checkpoint (--checkpoint-every steps)."""
+
+    scene: ScenePath
+    """3DGS PLY (INRIA layout) in the dataset's frame (or see --frame)"""
+    data: Annotated[str, arg(metavar="PATH")]
+    """dataset folder with transforms.json (and features/)"""
+    output: Output
+    """semantic scene folder to write"""
+    frame: Literal["auto", "data", "nerfstudio", "capture"] = "auto"
+    """frame of the PLY (auto: detected; nerfstudio: ns-export's)"""
+    config: Annotated[Optional[str], arg(metavar="YAML")] = None
+    """YAML preset of the distillation's settings (objective: and lift: as mappings); options given here win"""
+    distill: Annotated[DistillOptions, arg(name="")] = field(default_factory=DistillOptions)
+    teacher: Teacher = field(default_factory=TeacherOptions)
+    images: Images = field(default_factory=ImageOptions)
+    overwrite: Overwrite = False
+
+    def main(self) -> int:
+        from .distill import distill
+
+        cfg = self.distill.config()
+        job = Lift(scene=self.scene, data=self.data, output=self.output, frame=self.frame, teacher=self.teacher,
+                   images=self.images, overwrite=self.overwrite)
+
+        def fit(gaussians, cams, maps, checkpoint: Path):
+            res = distill(gaussians, cams, maps, cfg, progress=True, checkpoint=checkpoint)
+            return res.field(), res.info, (f"distilled {len(gaussians)} Gaussians ({res.info['valid']} with a feature) "
+                                           f"over {len(cams)} views, {cfg.steps} steps (final loss "
+                                           f"{res.info['final_loss']:.4g})")
+
+        return job.run(dataclasses.replace(cfg.lift, latent_dim=cfg.latent_dim), fit, "distill")
 
 
 Negatives = Annotated[Optional[str], arg(help="semicolon-separated negative phrases", metavar="TEXT",
@@ -687,7 +808,8 @@ class Export:
 
 
 #: the commands, by name (``rh3dgs NAME --help``)
-COMMANDS = {"demo": Demo, "synth": Synth, "render": Render, "extract": Extract, "lift": Lift, "query": Query,
+COMMANDS = {"demo": Demo, "synth": Synth, "render": Render, "extract": Extract, "lift": Lift, "distill": Distill,
+            "query": Query,
             "select": Select, "export": Export, "eval": Eval, "view": View}
 Command = Union[tuple(Annotated[cls, subcommand(name)] for name, cls in COMMANDS.items())]  # type: ignore[misc]
 
@@ -823,6 +945,11 @@ def parse(argv: List[str]) -> Rh3dgs:
     if isinstance(cmd, Lift) and cmd.config:
         preset = as_config(LiftOptions, load_preset(cmd.config, LiftConfig))
         default = Rh3dgs(command=Lift(scene=tyro.MISSING, data=tyro.MISSING, output=tyro.MISSING, lift=preset))
+        root = _tyro(argv, default=default)
+    elif isinstance(cmd, Distill) and cmd.config:
+        preset = as_config(DistillOptions, load_preset(cmd.config, DistillConfig))
+        default = Rh3dgs(command=Distill(scene=tyro.MISSING, data=tyro.MISSING, output=tyro.MISSING,
+                                         distill=preset))
         root = _tyro(argv, default=default)
     return root
 

@@ -67,6 +67,20 @@ def test_lift_estimate_counts_the_principal_subspace():
     assert sub.peak_bytes < full.peak_bytes
 
 
+def test_lift_estimate_of_one_rank():
+    """Over K processes the estimate is one rank's: its views' caches, the Gaussians its views see (bounded by N)
+    and the block of N / K it owns. Two ranks of one thread each against one process of two threads."""
+    one = lift_memory_estimate(1_000_000, 300, 64, 64, 64, threads=2)
+    two = lift_memory_estimate(1_000_000, 300, 64, 64, 64, threads=1, world_size=2)
+    assert two.cache == one.cache == "compact" and "owned_block" not in one.detail
+    assert two.detail["owned_block"] == 500_000 * (4 * 64 + 5) * 4
+    assert two.detail["gaussian_state"] == one.detail["gaussian_state"] + 1_000_000 * 59 * 4
+    assert 2 * two.detail["thread_accumulators"] == one.detail["thread_accumulators"]
+    full_cache = lambda e: e.cached_bytes - e.streaming_bytes  # noqa: E731  (150 views' instead of 300's)
+    assert full_cache(two) < 0.51 * full_cache(one)
+    assert lift_memory_estimate(1000, 8, 32, 32, 8, world_size=4).detail["batch_views"] == 2  # 8 views / 4 ranks
+
+
 def test_preflight_names_the_knob_that_fits():
     n, views, h, w, d = 100_000, 200, 256, 256, 64
     est = lift_memory_estimate(n, views, h, w, d)

@@ -320,6 +320,22 @@ class LICLoss:
         self.eligible = torch.nonzero(pos.any(1)).flatten()
         self.last_refresh = int(step)
 
+    _STATE = ("nbr_idx", "labels", "eligible", "center", "colors", "positive")
+
+    def state_dict(self) -> dict:
+        """The graph, the positives, the last refresh and the sampling generator's state (a checkpoint: a run resumed
+        from it draws the same anchors as one that went on)."""
+        state = {k: getattr(self, k) for k in self._STATE}
+        state.update(last_refresh=self.last_refresh, generator=self._gen.get_state())
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`."""
+        for k in self._STATE:
+            setattr(self, k, state[k])
+        self.last_refresh = state["last_refresh"]
+        self._gen.set_state(state["generator"])
+
     def _same_instance(self, anchors: Tensor, others: Tensor) -> Tensor:
         """[A, R] bool: whether ``others`` [A, R] would be positives of ``anchors`` [A] (their pseudo-instance, or
         their colour within ``color_threshold``)."""

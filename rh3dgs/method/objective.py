@@ -49,7 +49,7 @@ from ..ranges import Range, check_fields
 from ..field import decoder_factor
 from .lic import LICConfig, LICLoss
 from .vcd import VCDConfig, pixel_weights, teacher_footprint
-from .vfm import VFMConfig, vfm_loss
+from .vfm import VFMConfig, kept_segments, vfm_loss
 
 __all__ = ["ObjectiveConfig", "SemanticObjective", "ray_spread", "teacher_grid"]
 
@@ -70,7 +70,12 @@ def teacher_grid(teacher: Tensor, size: Tuple[int, int]) -> Tuple[int, int]:
     return (h_t, w_t) if (h_t <= H and w_t <= W) else (H, W)
 
 
-def ray_spread(latents_2d: Tensor, alpha: Tensor, min_coverage: float = 0.5) -> Tensor:
+RAY_COVERAGE = 0.5
+"""The accumulated opacity from which :func:`ray_spread` counts a pixel (as the objective calls it)."""
+
+
+def ray_spread(latents_2d: Tensor, alpha: Tensor, min_coverage: float = RAY_COVERAGE,
+               total: Optional[Tensor] = None) -> Tensor:
     """Mean over covered pixels of the spread of the unit latents composited along each ray.
 
     With compositing weights ``w_i`` (``A = sum_i w_i``), composite ``F = sum_i w_i f_i`` and unit ``f_i``::
@@ -79,7 +84,8 @@ def ray_spread(latents_2d: Tensor, alpha: Tensor, min_coverage: float = 0.5) -> 
 
     0 when every Gaussian on the ray carries the same feature. Pixels with ``A < min_coverage`` are left out.
 
-    Args: latents_2d [B, H, W, d] (``sum_i w_i f_i``, no background), alpha [B, H, W].
+    Args: latents_2d [B, H, W, d] (``sum_i w_i f_i``, no background), alpha [B, H, W]; total: the covered pixels of
+    a batch these views are part of (its other views on other processes), instead of theirs.
 
     >>> import torch
     >>> f = torch.tensor([[[[0.5, 0.5]]]])                  # two Gaussians of weight 0.5, features e0 and e1
@@ -88,7 +94,7 @@ def ray_spread(latents_2d: Tensor, alpha: Tensor, min_coverage: float = 0.5) -> 
     """
     cov = (alpha >= min_coverage).to(latents_2d.dtype)
     spread = alpha - (latents_2d * latents_2d).sum(-1) / alpha.clamp_min(1e-6)
-    return (cov * spread).sum() / cov.sum().clamp_min(1.0)
+    return (cov * spread).sum() / (cov.sum() if total is None else total.to(cov)).clamp_min(1.0)
 
 
 def _pool(x: Tensor, grid: Tuple[int, int]) -> Tensor:
@@ -197,8 +203,20 @@ class SemanticObjective(torch.nn.Module):
         background latent, not normalised; z [B, h, w, D] unit teacher (zero rows: no feature); w [B, h, w]
         pixel weights (no gradient; 0 where the teacher gives no feature).
         """
+        grid, z, w = self.targets((int(latents_2d.shape[1]), int(latents_2d.shape[2])), alpha, depth_m1, depth_m2,
+                                  teacher, regions, footprint)
+        pooled = _pool(latents_2d, grid)
+        if self.cfg.background_latent:  # after the (linear) pooling: the same sum at the grid's size, not the render's
+            pooled = pooled + (1.0 - _pool(alpha[..., None], grid)) * self.background
+        pred = pooled @ decoder.T  # [B, h, w, D], normalised by the losses
+        return pred, z, w
+
+    def targets(self, size: Tuple[int, int], alpha: Tensor, depth_m1: Tensor, depth_m2: Tensor, teacher: Tensor,
+                regions: Optional[Tensor] = None, footprint: Optional[float] = None) -> tuple:
+        """What a render of ``size`` (H, W) is compared with: ``(grid, z, w)``, the comparison grid (h, w), the unit
+        teacher z [B, h, w, D] and the pixel weights w [B, h, w] of :meth:`compare` (none depends on the latents)."""
         cfg = self.cfg
-        H, W = latents_2d.shape[1:3]
+        H, W = size
         grid = teacher_grid(teacher, (H, W)) if cfg.resolution == "teacher" else (H, W)
         from ..teachers.maps import prepare_map, region_fraction
 
@@ -218,16 +236,34 @@ class SemanticObjective(torch.nn.Module):
             footprint = teacher_footprint((int(teacher.shape[-3]), int(teacher.shape[-2])), (H, W))
         w_img = pixel_weights(alpha, depth_m1, depth_m2, z_img if z_img is not None else None, use_vcd=cfg.use_vcd,
                               vcd=cfg.vcd, min_coverage=min_cov, footprint=footprint, region_fraction=regions)
-        pooled = _pool(latents_2d, grid)
-        if cfg.background_latent:  # after the (linear) pooling: the same sum at the grid's size, not the render's
-            pooled = pooled + (1.0 - _pool(alpha[..., None], grid)) * self.background
-        pred = pooled @ decoder.T  # [B, h, w, D], normalised by the losses
         w = _pool(w_img[..., None], grid)[..., 0] * (torch.linalg.vector_norm(z, dim=-1) > 0.5)
-        return pred, z, w
+        return grid, z, w
+
+    def totals(self, alpha: Tensor, depth_m1: Tensor, depth_m2: Tensor, teacher: Tensor,
+               regions: Optional[Tensor] = None, footprint: Optional[float] = None) -> Tensor:
+        """[3] float64: what :meth:`forward` divides its terms by, for these views: the pixel weights' sum (the VFM or
+        cosine pixel term), the covered pixels (the ray term) and the kept segments (VFM's mean term).
+
+        Additive over views. A step's batch split over processes (``distill()`` in a ``torch.distributed`` group)
+        passes the sum over the whole batch to ``forward(totals=...)``: each process's loss is then its share of the
+        batch's loss (numerators over its views, denominators over all of them), and the shares' gradients add up
+        to the batch's. Args as :meth:`forward`, without the latents (none of these depends on them)."""
+        H, W = int(alpha.shape[1]), int(alpha.shape[2])
+        grid, _, w = self.targets((H, W), alpha, depth_m1, depth_m2, teacher, regions, footprint)
+        segments = 0
+        if self.cfg.use_vfm and self.vfm_cfg.lambda_mean > 0:
+            region_ids = None
+            if self.vfm_cfg.region_wise:
+                from ..teachers.maps import constant_regions
+
+                region_ids = constant_regions(teacher, grid).to(w.device)
+            segments = kept_segments(w, region_ids, self.vfm_cfg)
+        covered = float((alpha >= RAY_COVERAGE).sum()) if self.cfg.lambda_ray > 0 else 0.0
+        return torch.tensor([float(w.sum()), covered, float(segments)], dtype=torch.float64)
 
     def forward(self, step: int, latents_2d: Tensor, alpha: Tensor, depth_m1: Tensor, depth_m2: Tensor,
                 decoder: Tensor, teacher: Tensor, regions: Optional[Tensor] = None,
-                footprint: Optional[float] = None) -> Tuple[Tensor, Dict[str, float]]:
+                footprint: Optional[float] = None, totals: Optional[Tensor] = None) -> Tuple[Tensor, Dict[str, float]]:
         """Semantic pixel loss of B rendered views.
 
         Args:
@@ -238,6 +274,8 @@ class SemanticObjective(torch.nn.Module):
             footprint: pixels of the render each cell of the teacher's own map describes
                 (:func:`rh3dgs.method.vcd.teacher_footprint`; VCD's ``mixing_coarse_only``), for a caller that resized the
                 map (None: read off ``teacher``).
+            totals: [3] :meth:`totals` summed over a batch these views are part of (the rest on other processes):
+                the terms are then divided by the batch's normalisers, not these views' own.
         Returns:
             ``(lambda_sem * L_sem, parts)``.
         """
@@ -249,14 +287,15 @@ class SemanticObjective(torch.nn.Module):
                 from ..teachers.maps import constant_regions
 
                 region_ids = constant_regions(teacher, tuple(pred.shape[1:3])).to(pred.device)
-            loss, p = vfm_loss(pred, z, w, step, self.vfm_cfg, regions=region_ids)
+            loss, p = vfm_loss(pred, z, w, step, self.vfm_cfg, regions=region_ids,
+                               totals=None if totals is None else (totals[0], totals[2]))
             parts = {"pix": float(p["pix"]), "mean": float(p["mean"]), "delta": float(p["delta"])}
         else:
             cos = (F.normalize(pred, dim=-1) * z).sum(-1)
-            loss = (w * (1.0 - cos)).sum() / w.sum().clamp_min(1e-12)
+            loss = (w * (1.0 - cos)).sum() / (w.sum() if totals is None else totals[0].to(w)).clamp_min(1e-12)
             parts = {"pix": float(loss.detach())}
         if cfg.lambda_ray > 0:
-            ray = ray_spread(latents_2d, alpha)
+            ray = ray_spread(latents_2d, alpha, total=None if totals is None else totals[1])
             loss = loss + cfg.lambda_ray * ray
             parts["ray"] = float(ray.detach())
         return cfg.lambda_sem * loss, parts

@@ -51,7 +51,7 @@ from ..errors import Rh3dgsError
 from ..io.atomic import atomic_write, stale_temp_files
 from ..io.nerfstudio_run import checkpoints_newest_first, load_checkpoint
 
-__all__ = ["Rh3dgsTrainer", "Rh3dgsTrainerConfig", "CheckpointError", "TrainingClock", "ETA_AFTER"]
+__all__ = ["Rh3dgsTrainer", "Rh3dgsTrainerConfig", "CheckpointError", "TrainingClock", "ETA_AFTER", "MULTI_DEVICE_REFUSAL"]
 
 ETA_AFTER = 5
 """Timed iterations before the first ``ETA for N iterations`` line."""
@@ -240,12 +240,29 @@ class Rh3dgsTrainer(Trainer):
                               "Drop --load-dir to train from scratch.")
 
 
+MULTI_DEVICE_REFUSAL = (
+    "ns-train: error: {method} --machine.num-devices {devices} --machine.num-machines {machines}: rh3dgs trains on one "
+    "device (splatfacto has no multi-GPU training, nerfstudio#3560). Train the geometry on one GPU (ns-train {method}, "
+    "or splatfacto and ns-export gaussian-splat), then run the semantic parts data-parallel over K GPUs: torchrun "
+    "--nproc_per_node=K -m rh3dgs.cli distill SCENE.ply --data DATA --output OUT (or lift; README, \"Past one "
+    "machine\")")
+"""The one line ``ns-train rh3dgs`` stops with when asked for more than one device."""
+
+
 @dataclass
 class Rh3dgsTrainerConfig(TrainerConfig):
     """:class:`TrainerConfig` that builds a :class:`Rh3dgsTrainer`; its ``config.yml`` is written once the trainer
     is set up (module doc)."""
 
     _target: Type = field(default_factory=lambda: Rh3dgsTrainer)
+
+    def set_timestamp(self) -> None:
+        """ns-train's first call on its config, before it saves it or starts processes: a run of more than one device
+        stops here with one line (:data:`MULTI_DEVICE_REFUSAL`) instead of spawning workers that would fail."""
+        devices, machines = int(self.machine.num_devices), int(self.machine.num_machines)
+        if devices * machines > 1:
+            raise SystemExit(MULTI_DEVICE_REFUSAL.format(method=self.method_name, devices=devices, machines=machines))
+        super().set_timestamp()
 
     def save_config(self) -> None:
         """Deferred: nerfstudio's ``train.py`` calls this before the data, the teacher and the model are set up;
