@@ -49,12 +49,15 @@ from .distill import DistillConfig
 from .method.objective import ObjectiveConfig
 from .errors import ConfigError, Rh3dgsError
 from .eval.cli import Eval
+from .io.atomic import atomic_folder
 from .io.outputs import check_not_input, check_output_dir, check_output_file, prepare_output_dir, scene_inputs
 from .io.transforms import ImageOptions
 from .lifting import LiftConfig
 from .presets import as_config, load_preset
 from .progress import track
+from . import query as query_types
 from .query import CANONICAL_NEGATIVES, THRESHOLD, format_queries, parse_queries
+from .ranges import Range, RangeError, check_fields, command_line
 from .teachers import TeacherConfig
 from .viewer.cli import View
 
@@ -139,6 +142,16 @@ def _stem(query: str, limit: int = 80) -> str:
     return stem
 
 
+def _distinct(names: List[str], what: str) -> List[str]:
+    """Output names made distinct before any work (:func:`rh3dgs.io.outputs.distinct_names`), said on stderr."""
+    from .io.outputs import distinct_names
+
+    out, note = distinct_names(names, what)
+    if note:
+        print(f"rh3dgs: warning: {note}", file=sys.stderr)
+    return out
+
+
 def _transforms_file(path) -> Path:
     """The transforms.json that ``--transforms`` / ``--data`` names (the file, or the one in the folder)."""
     p = Path(path)
@@ -172,17 +185,23 @@ def _save_render_pngs(result, names: List[str], out_dir: Path, start: int = 0) -
     return written
 
 
-def _synthetic_sizes(scene: SceneOptions) -> None:
-    """``--views`` / ``--size`` of the synthetic scene: at least 1 view of 8 x 8 pixels, and images that fit."""
+#: bytes of one synthetic view on disk (RGB, mask and instance PNGs at most raw, float32 depth) per pixel, and
+#: per view (headers, its transforms.json entry); in memory while the dataset is written (camera, name, JSON)
+_SYNTH_DISK_PER_PIXEL, _SYNTH_DISK_PER_VIEW, _SYNTH_MEMORY_PER_VIEW = 9, 4096, 2048
+
+
+def _synthetic_sizes(scene: SceneOptions, output) -> None:
+    """``--views`` / ``--size`` of the synthetic scene: at least 1 view of 8 x 8 pixels, images and a list of views
+    that fit in memory, and a dataset that fits on the output's disk (``synth --views 10000000`` stops here)."""
+    from .io.outputs import check_disk_space
     from .memory import check_memory, image_memory_estimate
 
-    views, size = scene.num_views, scene.image_size
-    if views < 1:
-        raise ConfigError(f"--views {views}: the synthetic scene needs at least 1 view")
-    if size < 8:
-        raise ConfigError(f"--size {size}: images of at least 8 x 8 pixels")
-    check_memory(image_memory_estimate(size, size), f"{size}x{size} synthetic images",
-                 knobs=["--size N (smaller images)"])
+    views, size = scene.num_views, scene.image_size  # >= 1 and >= 8: SceneConfig's ranges
+    total = views + max(0, scene.heldout_views)
+    check_memory(image_memory_estimate(size, size) + total * _SYNTH_MEMORY_PER_VIEW,
+                 f"{total} synthetic views of {size}x{size}", knobs=["--size N (smaller images)", "--views N (fewer)"])
+    check_disk_space(output, total * (_SYNTH_DISK_PER_PIXEL * size * size + _SYNTH_DISK_PER_VIEW),
+                     f"a synthetic dataset of {total} views of {size}x{size}")
 
 
 @dataclass
@@ -197,7 +216,7 @@ class Synth:
     def main(self) -> int:
         from .data.synthetic import make_scene, write_dataset
 
-        _synthetic_sizes(self.scene)
+        _synthetic_sizes(self.scene, self.output)
         scene = make_scene(self.scene.config())
         paths = write_dataset(scene, prepare_output_dir(self.output, self.overwrite))
         print(f"wrote a synthetic dataset with {len(scene.gaussians)} Gaussians, {len(scene.cameras)} views, "
@@ -209,16 +228,19 @@ class Synth:
 class OrbitOptions:
     """The cameras rh3dgs render places around a scene that comes without a transforms.json."""
 
-    orbit: int = 36
+    orbit: Annotated[int, Range(ge=1)] = 36
     """number of cameras on the orbit (one turn)"""
-    size: int = 512
+    size: Annotated[int, Range(ge=8)] = 512
     """image width and height in pixels"""
     up: Literal["auto", "x", "-x", "y", "-y", "z", "-z"] = "auto"
     """the scene's up axis (auto: detected from the Gaussians' spread, rh3dgs.cameras.detect_up)"""
-    fov: float = 50.0
+    fov: Annotated[float, Range(ge=1.0, le=170.0)] = 50.0
     """field of view in degrees"""
-    elevation: float = 20.0
+    elevation: Annotated[float, Range(ge=-90.0, le=90.0)] = 20.0
     """height of the orbit above the scene's centre, in degrees"""
+
+    def __post_init__(self) -> None:
+        check_fields(self)  # at least 1 view of 8 x 8 pixels, a field of view in [1, 170] degrees
 
 
 @dataclass
@@ -246,16 +268,17 @@ class Render:
         out = check_output_dir(self.output, self.overwrite, inputs)
         gaussians = load_ply(self.scene, latents=False)  # RGB only: sem_* columns are not read
         cams, names = self._cameras(gaussians)
-        written = []
-        for i in track(range(len(cams)), description="render"):
-            with torch.no_grad():
-                r = render(gaussians, cams[i])
-            with _writing(out):
-                written += _save_render_pngs(r, names, out, start=i)
-        extra = ""
-        if self.transforms is None:
-            with _writing(out):
-                extra = self._turntable(out, cams, written)
+        names = _distinct(names, "views")  # images of one name in different folders
+        written, extra = [], ""
+        with atomic_folder(out) as building:  # swapped in whole when every view is written
+            for i in track(range(len(cams)), description="render"):
+                with torch.no_grad():
+                    r = render(gaussians, cams[i])
+                with _writing(out):
+                    written += _save_render_pngs(r, names, building, start=i)
+            if self.transforms is None:
+                with _writing(out):
+                    extra = self._turntable(building, cams, written).replace(str(building), str(out))
         print(f"rendered {len(cams)} views of {len(gaussians)} Gaussians to {out}{extra}")
         return 0
 
@@ -272,10 +295,7 @@ class Render:
             cams, images = _load_cameras(self.images, None, self.transforms, check_images=False, require_images=False,
                                          preflight=preflight)
             return cams, [p.stem[:80] for p in images]
-        o = self.camera
-        if o.orbit < 1 or o.size < 8 or not 1.0 <= o.fov <= 170.0:
-            raise ConfigError(f"--orbit {o.orbit} --size {o.size} --fov {o.fov:g}: at least 1 view of 8 x 8 pixels, "
-                              "a field of view between 1 and 170 degrees")
+        o = self.camera  # its numbers are in their declared ranges (OrbitOptions)
         preflight(o.orbit, o.size, o.size)
         centre, extent = scene_bounds(gaussians.means, gaussians.opacities)
         up, why = (o.up, "given") if o.up != "auto" else detect_up(gaussians.means, gaussians.opacities)
@@ -319,7 +339,7 @@ class Demo:
         from .rendering import render
 
         t0 = time.time()
-        _synthetic_sizes(self.scene)
+        _synthetic_sizes(self.scene, self.output)
         out = prepare_output_dir(self.output, self.overwrite)
         # held-out views score the semantic answers
         scene = make_scene(self.scene.config(heldout_views=0 if self.no_semantic else 4))
@@ -520,6 +540,9 @@ class Lift:
             from .errors import PlyFormatError
 
             raise PlyFormatError(self.scene, "the PLY has 0 vertices: no Gaussians to lift")
+        if cfg.latent_dim < 1:  # the API's lift may skip the decoder; a scene folder stores latents and decoder
+            raise RangeError("LiftConfig", "latent_dim", cfg.latent_dim, ">= 1 for a scene folder (0 skips the "
+                             "decoder: rh3dgs.lift in Python)", flag="--latent-dim")
         with process_group_from_env() as group:
             world, main = (1, True) if group is None else (group.world_size, group.is_main)
             if group is not None and group.device.type == "cuda":
@@ -647,7 +670,7 @@ class Distill:
 
 Negatives = Annotated[Optional[str], arg(help="semicolon-separated negative phrases", metavar="TEXT",
                                          help_behavior_hint=f"(default: {format_queries(CANONICAL_NEGATIVES)})")]
-Threshold = Annotated[float, arg(help="selection threshold on the relevancy")]
+Threshold = Annotated[query_types.Threshold, arg(help="selection threshold on the relevancy, in [0, 1]")]
 
 
 @dataclass
@@ -666,6 +689,9 @@ class Query:
     """camera indices"""
     overwrite: Overwrite = False
 
+    def __post_init__(self) -> None:
+        check_fields(self)  # --threshold in [0, 1]
+
     def main(self) -> int:
         from .api import load
         from .io.atomic import atomic_save_png
@@ -680,30 +706,33 @@ class Query:
         if scene.cameras is None:
             raise ConfigError(f"{self.scene}: the scene has no cameras (transforms.json) to render queries from")
         views = _views_arg(self.views, len(scene.cameras))
-        names = [n[:80] for n in scene.cameras.names] or [f"view_{i:05d}" for i in range(len(scene.cameras))]
+        names = _distinct([n[:80] for n in scene.cameras.names] or
+                          [f"view_{i:05d}" for i in range(len(scene.cameras))], "views")
+        stems = dict(zip(queries, _distinct([_stem(q) for q in queries], "queries")))  # "red mug" / "red_mug"
         scene.encode(queries)  # an unknown query stops here, before any file is written
         if negatives:
             scene.encode(negatives)
-        for i in track(views, description="query: relevancy"):
-            rel = scene.render_relevancy(i, queries, negatives)
-            rgb = scene.render(i)
-            for q, r in zip(queries, rel):
+        with atomic_folder(out) as building:  # swapped in whole when every file is written
+            for i in track(views, description="query: relevancy"):
+                rel = scene.render_relevancy(i, queries, negatives)
+                rgb = scene.render(i)
+                for q, r in zip(queries, rel):
+                    with _writing(out):
+                        atomic_save_png(building / f"{names[i]}_{stems[q]}_relevancy.png", with_colorbar(
+                            colorize(r, vmin=0.0, vmax=1.0), 0.0, 1.0, "relevancy (LERF, 0-1)", self.threshold))
+                        atomic_save_png(building / f"{names[i]}_{stems[q]}_overlay.png", with_colorbar(
+                            highlight(rgb, r, threshold=self.threshold), 0.0, 1.0,
+                            f"relevancy above {self.threshold:g} (0-1)", self.threshold))
                 with _writing(out):
-                    atomic_save_png(out / f"{names[i]}_{_stem(q)}_relevancy.png", with_colorbar(
-                        colorize(r, vmin=0.0, vmax=1.0), 0.0, 1.0, "relevancy (LERF, 0-1)", self.threshold))
-                    atomic_save_png(out / f"{names[i]}_{_stem(q)}_overlay.png", with_colorbar(
-                        highlight(rgb, r, threshold=self.threshold), 0.0, 1.0,
-                        f"relevancy above {self.threshold:g} (0-1)", self.threshold))
-            with _writing(out):
-                atomic_save_png(out / "sheets" / f"{names[i]}.png",
-                                result_sheet(rgb, rel, queries, self.threshold, title=names[i]))
-        for q in track(queries, description="query: selections"):
-            sel = scene.select(q, threshold=self.threshold, negatives=negatives)
-            stem = _stem(q)
-            with _writing(out / f"{stem}.ply"):
-                scene.export_ply(out / f"{stem}.ply", mask=sel)
-            print(f"'{q}': {int(sel.sum())} of {len(scene)} Gaussians above {self.threshold} -> "
-                  f"{out / (stem + '.ply')}")
+                    atomic_save_png(building / "sheets" / f"{names[i]}.png",
+                                    result_sheet(rgb, rel, queries, self.threshold, title=names[i]))
+            for q in track(queries, description="query: selections"):
+                sel = scene.select(q, threshold=self.threshold, negatives=negatives)
+                stem = stems[q]
+                with _writing(out / f"{stem}.ply"):
+                    scene.export_ply(building / f"{stem}.ply", mask=sel)
+                print(f"'{q}': {int(sel.sum())} of {len(scene)} Gaussians above {self.threshold} -> "
+                      f"{out / (stem + '.ply')}")
         print(f"result sheets (render, relevancy, selection per query; start here): {out / 'sheets'}/<view>.png, "
               f"{len(views)} views; single relevancy / overlay PNGs ({len(queries)} queries) -> {out}")
         return 0
@@ -733,6 +762,9 @@ class Select:
     latent_dtype: LatentDtype = "float32"
     extra: Extra = False
     overwrite: Overwrite = False
+
+    def __post_init__(self) -> None:
+        check_fields(self)  # --threshold in [0, 1]
 
     def main(self) -> int:
         from .api import load
@@ -932,7 +964,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = _global_flag(argv, "--debug")
     try:
-        root = parse(argv)
+        with command_line(argv):  # range errors name the option as typed (rh3dgs.ranges)
+            root = parse(argv)
         from .memory import memory_limit
 
         with memory_limit(root.max_memory), _one_line_warnings():

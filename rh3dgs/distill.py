@@ -42,7 +42,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Annotated, Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +51,7 @@ from torch import Tensor
 from .cameras import Cameras
 from .distributed import DistInfo, all_gather_object, all_gather_rows, all_reduce, current, shard
 from .errors import ConfigError
+from .ranges import Range, check_fields
 from .gaussians import Gaussians
 from .io.atomic import atomic_write
 from .lifting import LiftConfig, initial_field, pca_decoder
@@ -67,21 +68,21 @@ __all__ = ["DistillConfig", "DistillResult", "distill"]
 class DistillConfig:
     """Settings of :func:`distill`."""
 
-    steps: int = 200
+    steps: Annotated[int, Range(ge=0)] = 200
     """Optimisation steps."""
-    views_per_step: int = 2
+    views_per_step: Annotated[int, Range(ge=1)] = 2
     """Views rendered per step."""
-    latent_dim: int = 16
+    latent_dim: Annotated[int, Range(ge=1)] = 16
     """d, the latent dimension."""
-    lr: float = 0.002
+    lr: Annotated[float, Range(gt=0)] = 0.002
     """Adam learning rate of the latents."""
-    decoder_lr: float = 0.0
+    decoder_lr: Annotated[float, Range(ge=0)] = 0.0
     """Adam learning rate of the decoder (0 = keep the initial decoder)."""
-    background_lr: float = 0.01
+    background_lr: Annotated[float, Range(ge=0)] = 0.01
     """Adam learning rate of the background latent."""
     init: str = "lift"
     """lift (the training-free lift's latents and decoder) or pca (PCA decoder, random latents)."""
-    init_scale: float = 0.1
+    init_scale: Annotated[float, Range(gt=0)] = 0.1
     """Std of random initial latents (init pca, and Gaussians the lift leaves invalid)."""
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     """The semantic objective (VCD / VFM / LIC switches and their settings)."""
@@ -89,26 +90,19 @@ class DistillConfig:
     """Settings of the lift of init lift (its latent_dim is latent_dim's)."""
     seed: int = 0
     """Seed of the view order, the random initial latents and LIC's sampling."""
-    view_order: Optional[Tuple[int, ...]] = None
+    view_order: Optional[Annotated[Tuple[int, ...], Range(ge=0, min_len=1)]] = None
     """The views of the steps, views_per_step at a time (None: epochs of a permutation drawn from seed)."""
-    min_weight: float = 1e-6
+    min_weight: Annotated[float, Range(ge=0)] = 1e-6
     """init="pca": Gaussians whose total compositing weight on covered pixels is below this are invalid."""
-    tile_size: int = 16
+    tile_size: Annotated[int, Range(ge=1)] = 16
     """Rasterizer tile side in pixels."""
-    checkpoint_every: int = 50
+    checkpoint_every: Annotated[int, Range(ge=0)] = 50
     """Steps between checkpoints of distill(checkpoint=FOLDER) (rh3dgs distill gives one); 0: only after the start."""
 
     def __post_init__(self) -> None:
-        if self.steps < 0 or self.views_per_step < 1 or self.latent_dim < 1:
-            raise ConfigError("DistillConfig: steps >= 0, views_per_step >= 1 and latent_dim >= 1 are required")
+        check_fields(self)  # every numeric field against its declared Range (rh3dgs.ranges)
         if self.init not in ("pca", "lift"):
             raise ConfigError(f"DistillConfig.init must be 'pca' or 'lift', got {self.init!r}")
-        if self.view_order is not None and (len(self.view_order) == 0 or min(self.view_order) < 0):
-            raise ConfigError("DistillConfig.view_order must list view indices >= 0")
-        if self.checkpoint_every < 0:
-            raise ConfigError(f"DistillConfig.checkpoint_every must be >= 0, got {self.checkpoint_every}")
-        if not (self.lr > 0 and self.decoder_lr >= 0 and self.background_lr >= 0):
-            raise ConfigError("DistillConfig: lr must be > 0, decoder_lr and background_lr >= 0")
 
     @property
     def label(self) -> str:

@@ -376,6 +376,31 @@ def test_cache_incremental_and_corruption(tiny, tmp_path):
     with pytest.raises(FeatureFormatError, match=out3[2].name):
         load_cached(out3[2])
 
+    # an entry whose array no longer has the manifest's shape, even with its size and sha256 re-recorded,
+    # is recomputed, never reused (the header is checked against the record and the teacher's D)
+    import hashlib
+    import io
+    import json
+
+    out4 = extract_features(teacher, images, cache, progress=False)  # (recomputes the truncated one)
+    teacher.calls.clear()
+    buf = io.BytesIO()
+    np.save(buf, np.ones((8, 11, 16), np.float16))  # D = 16, not the teacher's 32
+    out4[0].write_bytes(buf.getvalue())
+    manifest = out4[0].parent / "manifest.json"
+    meta = json.loads(manifest.read_text())
+    meta["entries"][out4[0].stem].update(bytes=len(buf.getvalue()), sha256=hashlib.sha256(buf.getvalue()).hexdigest())
+    manifest.write_text(json.dumps(meta))
+    extract_features(teacher, images, cache, progress=False, stats=stats)
+    assert teacher.calls == ["img_0.png"] and stats["invalid"] == 1 and np.load(out4[0]).shape == (8, 11, 32)
+    # a manifest of a newer cache format is refused, not overwritten
+    meta = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**meta, "format": 99}))
+    with pytest.raises(FeatureFormatError, match=r"manifest.json \[format\]: written by a newer rh3dgs"):
+        extract_features(teacher, images, cache, progress=False)
+    assert json.loads(manifest.read_text())["format"] == 99
+    manifest.unlink()
+
     # a different teacher setting is a different cache
     teacher.calls.clear()
     other = CountingTeacher(make_teacher("tiny-clip", seed=2, device="cpu"))

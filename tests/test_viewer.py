@@ -179,7 +179,11 @@ def test_controls_state_versioning_and_encoder_errors():
     ctl = C.QueryControls.from_scene(scene)
     v = ctl.version
     assert not ctl.update(threshold=0.5)  # unchanged
-    assert ctl.update(threshold=2.0) and ctl.state.threshold == 1.0 and ctl.version == v + 1
+    for bad in (2.0, -0.1, float("nan")):  # outside [0, 1]: refused, not clamped (rh3dgs.ranges)
+        with pytest.raises(ConfigError, match="threshold"):
+            ctl.update(threshold=bad)
+    assert ctl.state.threshold == 0.5 and ctl.version == v
+    assert ctl.update(threshold=1.0) and ctl.state.threshold == 1.0 and ctl.version == v + 1
     assert ctl.status_markdown().startswith("Type a query")
     calls = []
     encode = ctl._encode

@@ -15,13 +15,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Annotated, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 
 from ..cameras import Cameras
 from ..gaussians import Gaussians
+from ..ranges import Range, check_fields
 
 __all__ = ["SceneConfig", "SyntheticScene", "LAYOUTS", "make_scene", "orbit_cameras", "all_cameras", "write_dataset",
            "rotmat_to_quat"]
@@ -35,28 +36,29 @@ class SceneConfig:
     """RNG seed (object jitter, sampling, textures)."""
     layout: int = 0
     """Object set, 0-4 (0: the original table-top scene)."""
-    gaussians_per_unit_area: float = 6000.0
+    gaussians_per_unit_area: Annotated[float, Range(gt=0)] = 6000.0
     """Surface sampling density (Gaussians per m^2)."""
-    floor_size: float = 3.0
+    floor_size: Annotated[float, Range(gt=0)] = 3.0
     """Side length of the square floor (m)."""
-    texture_noise: float = 0.04
+    texture_noise: Annotated[float, Range(ge=0)] = 0.04
     """Std of the per-Gaussian colour jitter (texture)."""
-    num_views: int = 12
+    num_views: Annotated[int, Range(ge=1)] = 12
     """Cameras on the orbit."""
-    image_size: int = 128
+    image_size: Annotated[int, Range(ge=8)] = 128
     """Square image side in pixels."""
-    orbit_radius: float = 3.2
+    orbit_radius: Annotated[float, Range(gt=0)] = 3.2
     """Radius of the camera orbit (m); cameras look at the scene centre."""
-    orbit_heights: Tuple[float, ...] = (1.2, 2.0)
+    orbit_heights: Annotated[Tuple[float, ...], Range(min_len=1)] = (1.2, 2.0)
     """Heights of the camera rings (m)."""
-    fov_deg: float = 50.0
+    fov_deg: Annotated[float, Range(gt=0, lt=180)] = 50.0
     """Horizontal field of view (degrees)."""
-    heldout_views: int = 0
+    heldout_views: Annotated[int, Range(ge=0)] = 0
     """Extra held-out cameras at other heights, half-way between the training ones."""
-    heldout_heights: Tuple[float, ...] = (1.0, 1.7)
+    heldout_heights: Annotated[Tuple[float, ...], Range(min_len=1)] = (1.0, 1.7)
     """Heights of the held-out cameras (m)."""
 
     def __post_init__(self) -> None:
+        check_fields(self)  # every numeric field against its declared Range (rh3dgs.ranges)
         if not 0 <= int(self.layout) < len(LAYOUTS):
             from ..errors import ConfigError
 
@@ -377,15 +379,24 @@ def write_dataset(scene: SyntheticScene, out_dir, progress: bool = True) -> Dict
         sparse_pc.ply                  initial point cloud (Gaussian centres, for splatfacto)
         scene.ply                      ground-truth Gaussians (INRIA layout + class_id, instance_id)
         classes.txt                    class names, one per line, index = class id
-    All files are written atomically; existing files are replaced only when complete.
+    The folder is built beside ``out_dir`` and swapped in by one rename (:func:`rh3dgs.io.atomic.atomic_folder`):
+    an existing dataset there is replaced whole or not at all.
     """
+    from ..io.atomic import atomic_folder
+
+    final = Path(out_dir)
+    with atomic_folder(final) as out:
+        _write_dataset_files(scene, out, progress)
+    return {"root": final, "transforms": final / "transforms.json", "scene_ply": final / "scene.ply"}
+
+
+def _write_dataset_files(scene: SyntheticScene, out: Path, progress: bool) -> None:
     from ..io.atomic import atomic_save_bytes, atomic_save_png
     from ..io.ply import save_ply
     from ..io.transforms import save_transforms
     from ..progress import track
     from ..rendering import render
 
-    out = Path(out_dir)
     for sub in ("images", "depth", "masks", "instances"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     cams = all_cameras(scene)
@@ -416,7 +427,6 @@ def write_dataset(scene: SyntheticScene, out_dir, progress: bool = True) -> Dict
         extra.update(train_filenames=rel[:n_train], val_filenames=rel[n_train:], test_filenames=rel[n_train:])
     save_transforms(out / "transforms.json", cams, image_paths, extra=extra)
     atomic_save_bytes(out / "classes.txt", ("\n".join(scene.class_names) + "\n").encode())
-    return {"root": out, "transforms": out / "transforms.json", "scene_ply": out / "scene.ply"}
 
 
 def all_cameras(scene: SyntheticScene) -> Cameras:

@@ -23,16 +23,20 @@ changes them (source file size and time, intrinsics, coefficients, factor), and 
 """
 from __future__ import annotations
 
+import collections.abc
+import contextlib
 import hashlib
 import json
 import os
 from pathlib import Path
-import collections.abc
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from ..errors import CameraFormatError, InputFileError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import PIL.Image
 
 __all__ = [
     "opencv_coefficients",
@@ -40,6 +44,7 @@ __all__ = [
     "undistort_image",
     "downscale_image",
     "read_rgb",
+    "open_image",
     "process_images",
     "LazyImages",
     "default_image_cache",
@@ -119,15 +124,49 @@ def downscale_image(image: np.ndarray, factor: int) -> np.ndarray:
     return np.asarray(out)
 
 
-def read_rgb(path: PathLike) -> np.ndarray:
-    """An image file as ``[H, W, 3]`` uint8 RGB; :class:`InputFileError` naming it if unreadable."""
+@contextlib.contextmanager
+def open_image(path: PathLike, error: Callable[[Path, str], Exception] = InputFileError,
+               undistort: bool = False) -> Iterator["PIL.Image.Image"]:
+    """The PIL image of ``path`` with only its header read, once its size is known to fit: every image rh3dgs
+    reads is opened here.
+
+    PIL reads the size lazily; before any pixel is decoded, an image over PIL's decompression-bomb limit
+    (``DecompressionBombError``) is refused with one ``error(path, message)`` line, and one whose decoding
+    (:func:`rh3dgs.memory.image_memory_estimate`) exceeds the memory budget with a
+    :class:`~rh3dgs.errors.MemoryLimitError`. A file PIL cannot open or decode (in the ``with`` body too) is
+    ``error(path, "cannot read image (...)")``.
+
+    Example::
+
+        with open_image("images/0001.png") as im:
+            rgb = np.asarray(im.convert("RGB"))
+    """
     from PIL import Image, UnidentifiedImageError
 
+    from ..memory import check_memory, image_memory_estimate
+
+    path = Path(path)
     try:
-        with Image.open(path) as im:
-            return np.asarray(im.convert("RGB"))
+        im = Image.open(path)
+    except Image.DecompressionBombError as e:
+        raise error(path, f"refused before decoding: {e}") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
-        raise InputFileError(path, f"cannot read image ({type(e).__name__}: {e})") from None
+        raise error(path, f"cannot read image ({type(e).__name__}: {e})") from None
+    with im:
+        w, h = im.size
+        check_memory(image_memory_estimate(h, w, undistort=undistort), f"{path}: decoding a {w}x{h} image",
+                     knobs=["a downscaled copy of the images (--downscale N, images_N folders)"])
+        try:
+            yield im
+        except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as e:
+            raise error(path, f"cannot read image ({type(e).__name__}: {e})") from None
+
+
+def read_rgb(path: PathLike) -> np.ndarray:
+    """An image file as ``[H, W, 3]`` uint8 RGB (sized first: :func:`open_image`); :class:`InputFileError`
+    naming it if unreadable."""
+    with open_image(path) as im:
+        return np.asarray(im.convert("RGB"))
 
 
 def default_image_cache(json_path: Path) -> Path:
@@ -155,7 +194,6 @@ def process_images(json_path: Path, sources: Sequence[Path], out_names: Sequence
     ``out_names[i]`` is the output's path relative to the cache folder (keeps the image stem).
     Raises :class:`CameraFormatError` naming ``json_path`` when the cache cannot be written.
     """
-    from ..memory import check_memory, image_memory_estimate
     from ..progress import track
     from .atomic import atomic_save_json, atomic_save_png
 
@@ -187,15 +225,10 @@ def process_images(json_path: Path, sources: Sequence[Path], out_names: Sequence
         raise CameraFormatError(json_path, f"cannot write the undistorted / downscaled images to {folder} ({e}); "
                                            "pass another cache folder (--cache DIR, load_transforms(image_cache=...))"
                                 ) from None
-    from PIL import Image
-
     for i in track(todo, description="undistorting / downscaling images", total=len(todo), disable=not progress):
-        with Image.open(sources[i]) as im:  # header only: the preflight before decoding
-            w, h = im.size
-        check_memory(image_memory_estimate(h, w, undistort=bool(np.any(coeffs[i]))), f"reading image {sources[i]}",
-                     detail=f"{w}x{h} RGB decoded and undistorted",
-                     knobs=["a downscaled copy of the images (images_N folders, ns-process-data)"])
-        img = downscale_image(read_rgb(sources[i]), factors[i])
+        with open_image(sources[i], undistort=bool(np.any(coeffs[i]))) as im:  # sized before decoding
+            img = np.asarray(im.convert("RGB"))
+        img = downscale_image(img, factors[i])
         img, _ = undistort_image(img, Ks[i], coeffs[i], crop)
         outs[i].parent.mkdir(parents=True, exist_ok=True)
         atomic_save_png(outs[i], img)

@@ -54,13 +54,15 @@ import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Annotated, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
 from ..cameras import OPENGL_TO_OPENCV, Cameras
 from ..errors import CameraFormatError, ConfigError, NonFiniteError, ShapeError
+from ..memory import read_text_sized
+from ..ranges import Range, check_fields
 from .atomic import atomic_save_json
 
 __all__ = ["load_transforms", "load_posed_images", "PosedImages", "save_transforms", "ImageOptions",
@@ -205,10 +207,10 @@ def _read_json(path: Path) -> Any:
 
 def _read_json_text(path: Path) -> Tuple[Any, str]:
     try:
-        text = path.read_text(encoding="utf-8-sig")
+        text = read_text_sized(path, "a transforms.json", encoding="utf-8-sig")  # its size checked first
     except UnicodeDecodeError as e:
         raise CameraFormatError(path, f"not UTF-8 text (byte {e.start}); is this a JSON file?") from e
-    except OSError as e:
+    except (OSError, ValueError) as e:  # ValueError: not a regular file
         raise CameraFormatError(path, f"cannot read file: {e}") from e
     try:
         return json.loads(text), text
@@ -225,12 +227,15 @@ class ImageOptions:
     """How :func:`load_transforms` turns a dataset's photos into the images the cameras see
     (the ``rh3dgs`` commands' ``--downscale`` / ``--skip-missing-images`` / ``--no-undistort``)."""
 
-    downscale: int = 1
+    downscale: Annotated[int, Range(ge=1)] = 1
     """Divide image sizes by this (images_N folders if present)."""
     skip_missing_images: bool = False
     """Leave out frames whose image is missing (one warning)."""
     undistort: bool = True
     """Undistort OpenCV lens distortion (off: refuse it)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)  # --downscale >= 1 (rh3dgs.ranges)
 
 
 @dataclass
@@ -624,15 +629,12 @@ def _missing_images(path: Path, image_paths: Sequence[Path], missing: Sequence[i
 
 def _check_image_sizes(path: Path, image_paths: Sequence[Path], size: Tuple[int, int], index: Sequence[int],
                        downscaled: bool = False) -> None:
-    from PIL import Image, UnidentifiedImageError
+    from .images import open_image
 
     for i, ip in zip(index, image_paths):
         field = f"frames[{i}].file_path"
-        try:
-            with Image.open(ip) as im:  # reads the header only
-                actual = im.size
-        except (UnidentifiedImageError, OSError, ValueError) as e:
-            raise CameraFormatError(path, f"cannot read image {ip}: {e}", field=field) from e
+        with open_image(ip, lambda p, m: CameraFormatError(path, f"image {p}: {m}", field=field)) as im:
+            actual = im.size  # the header only
         if actual != size:
             want = "w // N x h // N" if downscaled else "w x h"
             raise CameraFormatError(

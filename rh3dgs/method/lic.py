@@ -40,7 +40,7 @@ tensor(1.)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Annotated, Optional, Tuple
 
 import numpy as np
 import torch
@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from scipy.spatial import cKDTree
 
 from ..errors import ConfigError, NonFiniteError, ShapeError
+from ..ranges import Range, check_fields
 from ..ops.lic import lic_infonce, lic_pull
 
 __all__ = ["LICConfig", "radius_graph", "spherical_kmeans", "pseudo_instances", "LICLoss"]
@@ -59,39 +60,39 @@ Tensor = torch.Tensor
 class LICConfig:
     """Settings of the LIC loss: the paper's defaults here, the objective's in rh3dgs() (docs/method.md, section 4)."""
 
-    radius: float = 0.05
+    radius: Annotated[float, Range(gt=0)] = 0.05
     """gamma: neighbourhood radius in world units (nerfstudio scenes span about [-1, 1])."""
-    max_neighbors: int = 16
+    max_neighbors: Annotated[int, Range(ge=1)] = 16
     """Neighbours per Gaussian at most (the nearest are kept)."""
-    num_anchors: int = 1024
+    num_anchors: Annotated[int, Range(ge=1)] = 1024
     """Anchors sampled per step, among the Gaussians that have a positive."""
-    num_random_negatives: int = 64
+    num_random_negatives: Annotated[int, Range(ge=0)] = 64
     """infonce: random Gaussians per anchor added as negatives (its own pseudo-instance's left out)."""
-    temperature: float = 0.1
+    temperature: Annotated[float, Range(gt=0)] = 0.1
     """tau in the InfoNCE logits cos / tau."""
-    num_clusters: int = 32
+    num_clusters: Annotated[int, Range(ge=1)] = 32
     """features: number of pseudo-instances (k of the spherical k-means)."""
-    kmeans_iters: int = 20
+    kmeans_iters: Annotated[int, Range(ge=0)] = 20
     """Lloyd iterations of the spherical k-means."""
-    kmeans_max_points: int = 200_000
+    kmeans_max_points: Annotated[int, Range(ge=1)] = 200_000
     """The k-means is fitted on at most this many random Gaussians, then all are assigned."""
-    cluster_position_weight: float = 0.0
+    cluster_position_weight: Annotated[float, Range(ge=0)] = 0.0
     """Weight of the positions in the clustering, >= 0 (0: features only; > 0: spatially compact instances)."""
     centered: bool = False
     """Contrast the features less their mean direction, taken at each refresh (for infonce)."""
     positives: str = "features"
     """features: a neighbour of the same pseudo-instance (the paper); appearance: of a colour within color_threshold."""
-    color_threshold: float = 0.1
+    color_threshold: Annotated[float, Range(gt=0)] = 0.1
     """appearance: RGB distance (colours in [0, 1]) below which a neighbour is a positive."""
     form: str = "infonce"
     """infonce: multi-positive InfoNCE with negatives (the paper); pull: mean 1 - cos to the positives."""
-    refresh_every: int = 1000
+    refresh_every: Annotated[int, Range(ge=1)] = 1000
     """Rebuild the graph and the positives every this many steps (and whenever N changes)."""
-    warmup_steps: int = 5000
+    warmup_steps: Annotated[int, Range(ge=0)] = 5000
     """LIC is exactly 0 before this step."""
     seed: int = 0
     """Seed of the anchor and negative sampling and of the k-means."""
-    kdtree_workers: int = -1
+    kdtree_workers: Annotated[int, Range(ge=-1)] = -1
     """Threads of the k-d tree queries (-1: all cores; the graph is the same for any count)."""
 
     @classmethod
@@ -105,26 +106,13 @@ class LICConfig:
         return cls(**base)
 
     def __post_init__(self) -> None:
-        if not self.radius > 0:
-            raise ConfigError(f"LICConfig.radius must be > 0, got {self.radius}")
-        if not self.temperature > 0:
-            raise ConfigError(f"LICConfig.temperature must be > 0, got {self.temperature}")
-        for name in ("max_neighbors", "num_anchors", "num_clusters", "refresh_every"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"LICConfig.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("num_random_negatives", "kmeans_iters", "warmup_steps"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"LICConfig.{name} must be >= 0, got {getattr(self, name)}")
-        if self.kmeans_max_points < 1:
-            raise ConfigError(f"LICConfig.kmeans_max_points must be >= 1, got {self.kmeans_max_points}")
+        check_fields(self)  # every numeric field against its declared Range (rh3dgs.ranges)
+        if self.kdtree_workers == 0:
+            raise ConfigError("LICConfig.kdtree_workers must be -1 (all cores) or >= 1, got 0")
         if self.positives not in ("features", "appearance"):
             raise ConfigError(f"LICConfig.positives must be 'features' or 'appearance', got {self.positives!r}")
         if self.form not in ("infonce", "pull"):
             raise ConfigError(f"LICConfig.form must be 'infonce' or 'pull', got {self.form!r}")
-        if not self.color_threshold > 0:
-            raise ConfigError(f"LICConfig.color_threshold must be > 0, got {self.color_threshold}")
-        if self.cluster_position_weight < 0:
-            raise ConfigError(f"LICConfig.cluster_position_weight must be >= 0, got {self.cluster_position_weight}")
 
 
 def radius_graph(means: Tensor, radius: float, max_neighbors: int, workers: int = 1) -> Tensor:

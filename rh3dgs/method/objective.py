@@ -38,13 +38,14 @@ The pixel weights are :func:`rh3dgs.method.vcd.pixel_weights`, the lift's defini
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Dict, Optional, Tuple
+from typing import Annotated, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import ConfigError
+from ..ranges import Range, check_fields
 from ..field import decoder_factor
 from .lic import LICConfig, LICLoss
 from .vcd import VCDConfig, pixel_weights, teacher_footprint
@@ -125,13 +126,13 @@ class ObjectiveConfig:
     """LIC on the decoded features: each Gaussian pulled to its 3D neighbours of the same colour."""
     lic: Optional[LICConfig] = None
     """LIC's settings (None: LICConfig.rh3dgs(), its start and refresh scaled to the run)."""
-    lambda_sem: float = 1.0
+    lambda_sem: Annotated[float, Range(ge=0)] = 1.0
     """Weight of the semantic pixel loss, >= 0."""
-    lambda_con: float = 0.3
+    lambda_con: Annotated[float, Range(ge=0)] = 0.3
     """Weight of LIC, >= 0; larger (1, 3) costs the strong CLIP-like teacher."""
-    lambda_ray: float = 0.1
+    lambda_ray: Annotated[float, Range(ge=0)] = 0.1
     """Weight of the ray-consistency term ray_spread() inside lambda_sem, >= 0 (0: off)."""
-    lic_start: float = 0.0
+    lic_start: Annotated[float, Range(ge=0, le=1)] = 0.0
     """LIC's start as a fraction of the run, in [0, 1] (the paper warms up from random latents)."""
     resolution: str = "teacher"
     """teacher: pool the render to the teacher map's grid; image: upsample the teacher to the render."""
@@ -139,14 +140,13 @@ class ObjectiveConfig:
     """Normalise every Gaussian's latent before compositing (unit features per Gaussian)."""
     background_latent: bool = True
     """Composite a learnt background latent where the render is transparent (1 - A)."""
-    min_coverage: float = 0.5
+    min_coverage: Annotated[float, Range(ge=0, le=1)] = 0.5
     """resolution image: pixels with accumulated opacity below this are left out."""
 
     def __post_init__(self) -> None:
         if self.resolution not in ("teacher", "image"):
             raise ConfigError(f"ObjectiveConfig.resolution must be 'teacher' or 'image', got {self.resolution!r}")
-        if not (self.lambda_sem >= 0 and self.lambda_con >= 0 and self.lambda_ray >= 0 and 0.0 <= self.lic_start <= 1.0):
-            raise ConfigError("ObjectiveConfig: lambda_sem, lambda_con, lambda_ray >= 0 and lic_start in [0, 1] are required")
+        check_fields(self)  # every numeric field against its declared Range (rh3dgs.ranges)
 
     @property
     def label(self) -> str:

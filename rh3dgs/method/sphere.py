@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Annotated, Any, Dict, Optional, Tuple, Union
 
 import torch
 
@@ -30,6 +30,7 @@ with warnings.catch_warnings():  # geoopt uses torch.jit.script, deprecated in r
     import geoopt
 
 from ..errors import ConfigError, NonFiniteError, ShapeError
+from ..ranges import Range, check_fields
 
 __all__ = [
     "FrechetMeanConfig",
@@ -199,11 +200,11 @@ def sphere_exp_(mu: Tensor, v: Tensor) -> Tensor:
 class FrechetMeanConfig:
     """Settings of robust_frechet_mean() (pass with **cfg.as_kwargs()); docs/method.md, section 1."""
 
-    delta: float = math.inf
+    delta: Annotated[float, Range(gt=0, finite=False)] = math.inf
     """Huber threshold in radians (inf: the Karcher mean; small values approach the geodesic median)."""
-    max_iters: int = 50
+    max_iters: Annotated[int, Range(ge=0)] = 50
     """Maximum number of IRLS iterations."""
-    tol: float = 1e-7
+    tol: Annotated[float, Range(ge=0)] = 1e-7
     """Stop when the largest step angle (radians) is below this (never below 10 machine epsilons)."""
     differentiable: bool = True
     """Return a mean that carries gradients to x (and to weights)."""
@@ -211,11 +212,7 @@ class FrechetMeanConfig:
     """implicit (fixed-point gradient, memory O(K D)) or unrolled (through every iteration, O(iters K D))."""
 
     def __post_init__(self) -> None:
-        _check_delta(self.delta)
-        if self.max_iters < 0:
-            raise ConfigError(f"FrechetMeanConfig.max_iters must be >= 0, got {self.max_iters}")
-        if not self.tol >= 0:
-            raise ConfigError(f"FrechetMeanConfig.tol must be >= 0, got {self.tol}")
+        check_fields(self)  # every numeric field against its declared Range (rh3dgs.ranges)
         if self.backward not in ("implicit", "unrolled"):
             raise ConfigError(f"FrechetMeanConfig.backward must be 'implicit' or 'unrolled', got {self.backward!r}")
 

@@ -39,12 +39,13 @@ import functools
 
 import math
 from dataclasses import dataclass, replace
-from typing import Dict, Optional, Tuple, Union
+from typing import Annotated, Dict, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError, NonFiniteError, ShapeError
+from ..ranges import Range, check_fields
 
 __all__ = ["VCDConfig", "reliability_weights", "pixel_weights", "teacher_footprint", "footprint_purity", "render_depth_stats"]
 
@@ -61,35 +62,35 @@ class VCDConfig:
     """Edge term W_edge (discontinuities weigh less)."""
     use_variance: bool = True
     """Mixed-depth term W_var (mixed rays weigh less)."""
-    eps: float = 1e-6
+    eps: Annotated[float, Range(gt=0)] = 1e-6
     """Guard in A + eps, Dbar^2 + eps and the depth edges."""
-    opacity_ref: float = 0.9
+    opacity_ref: Annotated[float, Range(gt=0)] = 0.9
     """a0: accumulated opacity at which W_op reaches 1."""
-    opacity_power: float = 2.0
+    opacity_power: Annotated[float, Range(gt=0)] = 2.0
     """p in W_op = clamp(A / a0, 0, 1) ** p, > 0."""
-    variance_scale: float = 0.05
+    variance_scale: Annotated[float, Range(gt=0)] = 0.05
     """s_var in W_var = exp(-Var / Dbar^2 / s_var), > 0."""
     edge_depth: bool = True
     """Depth discontinuities in W_edge."""
-    edge_depth_scale: float = 0.1
+    edge_depth_scale: Annotated[float, Range(gt=0)] = 0.1
     """s_depth, > 0 (a 1 % depth step gives W ~ 0.9)."""
     edge_features: bool = True
     """Feature discontinuities in W_edge (with a feature map)."""
-    edge_feature_scale: float = 0.1
+    edge_feature_scale: Annotated[float, Range(gt=0)] = 0.1
     """s_feat, > 0, on 1 - cosine between neighbours."""
-    edge_radius: int = 1
+    edge_radius: Annotated[int, Range(ge=0)] = 1
     """Dilate edges by a (2 r + 1)^2 max filter (0: off)."""
-    min_weight: float = 0.0
+    min_weight: Annotated[float, Range(ge=0, le=1)] = 0.0
     """Floor before the per-view normalisation, in [0, 1]."""
-    footprint: float = 0.0
+    footprint: Annotated[float, Range(ge=0)] = 0.0
     """Teacher footprint in pixels for W_fp (0: off)."""
-    footprint_tol: float = 0.05
+    footprint_tol: Annotated[float, Range(gt=0)] = 0.05
     """W_fp: relative depth difference of one surface."""
-    footprint_power: float = 1.0
+    footprint_power: Annotated[float, Range(ge=0)] = 1.0
     """W_fp = purity ** footprint_power (0: off)."""
     mixing_coarse_only: bool = False
     """W_op and W_var only against coarser teachers."""
-    segment_power: float = 0.0
+    segment_power: Annotated[float, Range(ge=0)] = 0.0
     """gamma of the mask-specificity term W_seg (0: off)."""
 
     @property
@@ -110,25 +111,7 @@ class VCDConfig:
         return cls(**base)
 
     def __post_init__(self) -> None:
-        positive = {
-            "eps": self.eps,
-            "opacity_ref": self.opacity_ref,
-            "opacity_power": self.opacity_power,
-            "variance_scale": self.variance_scale,
-            "edge_depth_scale": self.edge_depth_scale,
-            "edge_feature_scale": self.edge_feature_scale,
-        }
-        for name, value in positive.items():
-            if not float(value) > 0.0:
-                raise ConfigError(f"VCDConfig.{name} must be > 0, got {value!r}")
-        if not self.segment_power >= 0:
-            raise ConfigError(f"VCDConfig.segment_power must be >= 0 (0: no mask-specificity term), got {self.segment_power!r}")
-        if not (self.footprint >= 0 and self.footprint_tol > 0 and self.footprint_power >= 0):
-            raise ConfigError("VCDConfig: footprint >= 0, footprint_tol > 0 and footprint_power >= 0 (0: no footprint term) are required")
-        if self.edge_radius < 0:
-            raise ConfigError(f"VCDConfig.edge_radius must be >= 0, got {self.edge_radius}")
-        if not 0.0 <= self.min_weight <= 1.0:
-            raise ConfigError(f"VCDConfig.min_weight must be in [0, 1], got {self.min_weight}")
+        check_fields(self)  # every numeric field against its declared Range (rh3dgs.ranges)
 
 
 def render_depth_stats(alpha: Tensor, depth_m1: Tensor, depth_m2: Tensor, eps: float = 1e-6) -> Tuple[Tensor, Tensor]:

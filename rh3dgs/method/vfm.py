@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple, Union
+from typing import Annotated, Dict, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError, NonFiniteError, ShapeError
+from ..ranges import Range, check_fields
 from .sphere import geodesic_distance, huber, robust_frechet_mean
 
 __all__ = ["VFMConfig", "delta_at", "pixel_loss", "mean_loss", "kept_segments", "vfm_loss"]
@@ -32,42 +33,33 @@ Tensor = torch.Tensor
 class VFMConfig:
     """Settings of the VFM loss (docs/method.md, section 3)."""
 
-    delta_start: float = 1.0
+    delta_start: Annotated[float, Range(gt=0, finite=False)] = 1.0
     """Huber threshold in radians at step 0 (1 rad ~ 57 degrees: nearly every pixel in the quadratic zone)."""
-    delta_end: float = 0.25
+    delta_end: Annotated[float, Range(gt=0, finite=False)] = 0.25
     """Huber threshold in radians after annealing (~14 degrees; beyond it a pixel's pull is capped)."""
-    anneal_steps: int = 10000
+    anneal_steps: Annotated[int, Range(ge=0)] = 10000
     """Steps over which the threshold goes from delta_start to delta_end."""
     schedule: str = "cosine"
     """cosine, linear or constant (constant: delta_start throughout)."""
-    lambda_mean: float = 0.1
+    lambda_mean: Annotated[float, Range(ge=0)] = 0.1
     """Weight of the mean term L_mean, >= 0 (0: skipped)."""
     mean_loss: str = "squared"
     """squared: d(mu_s, mu_t)^2; huber: rho_delta(d(mu_s, mu_t))."""
-    mean_iters: int = 20
+    mean_iters: Annotated[int, Range(ge=1)] = 20
     """IRLS iterations of the robust Frechet means."""
-    mean_tol: float = 1e-6
+    mean_tol: Annotated[float, Range(ge=0)] = 1e-6
     """Step tolerance (radians) of the robust Frechet means."""
     region_wise: bool = False
     """Use (view, region) segments when a region map is given (off: whole views)."""
-    min_region_pixels: int = 16
+    min_region_pixels: Annotated[int, Range(ge=0)] = 16
     """Segments with fewer pixels (or zero total weight) are left out of L_mean."""
 
     def __post_init__(self) -> None:
-        for name in ("delta_start", "delta_end"):
-            v = getattr(self, name)
-            if not float(v) > 0.0:
-                raise ConfigError(f"VFMConfig.{name} must be > 0 (math.inf allowed), got {v!r}")
-        if self.anneal_steps < 0:
-            raise ConfigError(f"VFMConfig.anneal_steps must be >= 0, got {self.anneal_steps}")
+        check_fields(self)  # every numeric field against its declared Range (rh3dgs.ranges)
         if self.schedule not in ("cosine", "linear", "constant"):
             raise ConfigError(f"VFMConfig.schedule must be 'cosine', 'linear' or 'constant', got {self.schedule!r}")
         if self.mean_loss not in ("squared", "huber"):
             raise ConfigError(f"VFMConfig.mean_loss must be 'squared' or 'huber', got {self.mean_loss!r}")
-        if self.lambda_mean < 0:
-            raise ConfigError(f"VFMConfig.lambda_mean must be >= 0, got {self.lambda_mean}")
-        if self.mean_iters < 1:
-            raise ConfigError(f"VFMConfig.mean_iters must be >= 1, got {self.mean_iters}")
         if self.min_region_pixels < 1:
             raise ConfigError(f"VFMConfig.min_region_pixels must be >= 1, got {self.min_region_pixels}")
 

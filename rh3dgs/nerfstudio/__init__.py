@@ -11,6 +11,8 @@ Modules (import them explicitly; importing this package does not import nerfstud
 * :mod:`rh3dgs.nerfstudio.datamanager` ``Rh3dgsDataManager`` (teacher maps in ``batch["teacher"]``)
 * :mod:`rh3dgs.nerfstudio.pipeline`    ``Rh3dgsPipeline`` (semantic initialisation, the viewer's guard)
 * :mod:`rh3dgs.nerfstudio.trainer`     ``Rh3dgsTrainer`` (atomic checkpoints, resume, early ETA)
+* :mod:`rh3dgs.nerfstudio.run_guard`   nerfstudio's reads of a run's config.yml without code execution (installed
+  when nerfstudio loads the method entry points, i.e. in every ns-* command)
 
 Reading a trained run back (``load_nerfstudio_scene``, ``export_semantic_ply``, ``rh3dgs.load(config.yml)``)
 is the core's job: :mod:`rh3dgs.io.nerfstudio_run`.

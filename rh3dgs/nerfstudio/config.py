@@ -12,6 +12,9 @@ Without the entry point installed, ``NERFSTUDIO_METHOD_CONFIGS`` works too
 (:data:`rh3dgs.nerfstudio.METHOD_CONFIGS_ENV`)::
 
     NERFSTUDIO_METHOD_CONFIGS="rh3dgs=rh3dgs.nerfstudio.config:rh3dgs_method,rh3dgs-lite=rh3dgs.nerfstudio.config:rh3dgs_lite_method" ns-train rh3dgs-lite ...
+
+Importing this module installs :mod:`rh3dgs.nerfstudio.run_guard` (nerfstudio's reads of config.yml
+build no arbitrary objects; our errors end in one line).
 """
 from __future__ import annotations
 
@@ -34,6 +37,11 @@ from .model import Rh3dgsModelConfig
 from .pipeline import Rh3dgsPipelineConfig
 from .splatfacto_native import SplatfactoNativeModelConfig
 from .trainer import Rh3dgsTrainerConfig
+from . import run_guard
+
+# nerfstudio imports this module (method discovery) before any ns-* script reads a run's config.yml:
+# from here on that read cannot build arbitrary objects, and our errors print as one line (run_guard)
+run_guard.install()
 
 
 class FloatExponentialDecayScheduler(ExponentialDecayScheduler):

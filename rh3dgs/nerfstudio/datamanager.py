@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Literal, Optional, Tuple, Type, Union
+from typing import Annotated, Callable, Dict, List, Literal, Optional, Tuple, Type, Union
 
 import torch
 
@@ -29,6 +29,7 @@ from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatama
 from nerfstudio.data.datasets.base_dataset import InputDataset
 from nerfstudio.utils.rich_utils import CONSOLE
 
+from ..ranges import Range, check_fields
 from ..teachers import DatasetMaps, TeacherConfig, dataset_maps, upsample_features
 from ..teachers.maps import region_fraction
 from ..method.vcd import teacher_footprint
@@ -47,10 +48,15 @@ class Rh3dgsDataManagerConfig(FullImageDatamanagerConfig):
     """Root of the feature cache (None: teacher.cache_dir, else DATA/.rh3dgs_cache, as rh3dgs extract)."""
     teacher_at_image_size: bool = True
     """Teacher maps at the loss's size, prepared once per camera (off: at the teacher's, resized per batch)."""
-    teacher_cache_mb: float = 2048.0
+    teacher_cache_mb: Annotated[float, Range(ge=0)] = 2048.0
     """Memory for the teacher maps prepared once per camera; maps beyond it are prepared per batch."""
     cache_images: Literal["cpu", "gpu"] = "gpu"
     """gpu: on the training device (also right for CPU training: cpu pins memory, which needs CUDA)."""
+
+    def __post_init__(self) -> None:
+        if hasattr(super(), "__post_init__"):
+            super().__post_init__()
+        check_fields(self)  # teacher_cache_mb >= 0 (rh3dgs.ranges)
 
 
 class Rh3dgsDataManager(FullImageDatamanager[InputDataset]):

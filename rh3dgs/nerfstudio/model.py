@@ -40,7 +40,7 @@ Plain splatfacto on rh3dgs's rasterizer (the CPU baseline of ``benchmarks/bench_
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Literal, Optional, Sequence, Tuple, Type
+from typing import Annotated, Dict, List, Literal, Optional, Sequence, Tuple, Type
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +52,7 @@ from nerfstudio.utils.rich_utils import CONSOLE
 
 from ..cameras import Cameras
 from ..errors import ConfigError
+from ..ranges import Range
 from ..lifting import LiftConfig, initial_field
 from ..method.objective import ObjectiveConfig, SemanticObjective, teacher_grid
 from ..query import TEMPERATURE
@@ -71,19 +72,19 @@ class Rh3dgsModelConfig(SplatfactoNativeModelConfig):
     _target: Type = field(default_factory=lambda: Rh3dgsModel)
     semantics: bool = True
     """Off: build plain splatfacto (as ns-train splatfacto-native does): no latents, teacher maps or losses."""
-    latent_dim: int = 16
+    latent_dim: Annotated[int, Range(ge=1)] = 16
     """d: per-Gaussian semantic latent size."""
     objective: ObjectiveConfig = field(default_factory=lambda: ObjectiveConfig(lambda_sem=0.1, lambda_con=0.03))
     """The semantic objective of distill(), weighted 0.1 against the RGB loss (docs/method.md, section 7)."""
     semantic_geometry_grad: bool = False
     """Let the semantic loss move the Gaussians' geometry (off: RGB alone shapes it)."""
-    semantic_steps: Optional[int] = None
+    semantic_steps: Optional[Annotated[int, Range(ge=1)]] = None
     """Steps the objective's schedules span (None: the trainer's max_num_iterations)."""
     init: Literal["lift", "random"] = "lift"
     """lift: latents and decoder from the lift of the training views; random: N(0, init_scale^2) latents."""
     lift: LiftConfig = field(default_factory=LiftConfig)
     """Settings of the lift of init lift (its latent_dim is latent_dim's)."""
-    init_scale: float = 0.1
+    init_scale: Annotated[float, Range(gt=0)] = 0.1
     """Std of the random initial latents (init random)."""
     freeze_geometry: bool = False
     """Train only latents, decoder, background latent and colours, on fixed geometry (no densification)."""
@@ -91,6 +92,7 @@ class Rh3dgsModelConfig(SplatfactoNativeModelConfig):
     """Report the mean teacher cosine (and its VCD-weighted version) in the eval metrics."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # the numeric fields against their declared ranges (rh3dgs.ranges)
         # the model this config builds (setup() builds _target): semantics off is plain splatfacto
         if not self.semantics:
             self._target = SplatfactoNativeModel
@@ -111,9 +113,7 @@ class Rh3dgsModel(SplatfactoNativeModel):
 
     # ------------------------------------------------------------------ setup
     def populate_modules(self):
-        cfg = self.config
-        if cfg.latent_dim < 1:
-            raise ConfigError(f"rh3dgs: latent_dim must be >= 1, got {cfg.latent_dim}")
+        cfg = self.config  # its numbers are in their declared ranges (rh3dgs.ranges, checked on construction)
         super().populate_modules()
         gen = torch.Generator().manual_seed(0)
         d = cfg.latent_dim

@@ -72,7 +72,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Literal, Optional, Type, Union
+from typing import Annotated, Dict, List, Literal, Optional, Type, Union
 
 import torch
 from torch import Tensor
@@ -92,6 +92,7 @@ from nerfstudio.utils.rich_utils import CONSOLE
 
 from ..cameras import Cameras
 from ..errors import ConfigError, NonFiniteError
+from ..ranges import Range, check_fields
 from ..gaussians import Gaussians
 from ..rendering import RenderResult, render
 
@@ -173,18 +174,23 @@ class SplatfactoNativeModelConfig(SplatfactoModelConfig):
     _target: Type = field(default_factory=lambda: SplatfactoNativeModel)
     use_absgrad: bool = False
     """Off: the rasterizer gives the plain means2d gradient (no absgrad)."""
-    densify_grad_thresh: float = 0.0002
+    densify_grad_thresh: Annotated[float, Range(gt=0)] = 0.0002
     """Densification threshold on the plain screen-space gradient (3DGS's value)."""
-    max_init_points: Optional[int] = None
+    max_init_points: Optional[Annotated[int, Range(ge=1)]] = None
     """Subsample the seed point cloud to at most this many points (None: all)."""
     lpips: Literal["auto", "on", "off"] = "auto"
     """auto: LPIPS if torchvision's AlexNet weights are cached (no download); on: always; off: never."""
     skip_nonfinite_batches: bool = False
     """Skip a batch with a NaN / Inf loss instead of stopping (max_skipped_batches in a row)."""
-    max_skipped_batches: int = 10
+    max_skipped_batches: Annotated[int, Range(ge=0)] = 10
     """Consecutive non-finite batches tolerated with skip_nonfinite_batches."""
-    check_params_every: int = 100
+    check_params_every: Annotated[int, Range(ge=0)] = 100
     """Every this many steps, stop if a parameter holds NaN / Inf (0: never)."""
+
+    def __post_init__(self) -> None:
+        if hasattr(super(), "__post_init__"):
+            super().__post_init__()
+        check_fields(self)  # every numeric field of ours against its declared Range (rh3dgs.ranges)
 
 
 class SplatfactoNativeModel(SplatfactoModel):

@@ -8,7 +8,8 @@ latest and fails on. Here:
   (temp file, fsync, rename): a ``.ckpt`` file is always complete. The older checkpoints are
   deleted (``save_only_latest_checkpoint``) only after the new one is in place.
 * :meth:`Rh3dgsTrainer._load_checkpoint` with ``--load-dir`` and no ``--load-step`` resumes from
-  the newest checkpoint that loads, skipping (and naming) unreadable ones instead of crashing;
+  the newest checkpoint that loads, skipping (and naming) unreadable ones instead of crashing
+  (truncated, or damaged: the CRC-32 of every record is checked, :func:`rh3dgs.io.nerfstudio_run.verify_checkpoint`);
   temp files of an interrupted save are ignored. With no loadable checkpoint it stops with
   a clear error. ``--load-step`` / ``--load-checkpoint`` load exactly what they name.
 
@@ -48,7 +49,7 @@ from nerfstudio.utils.rich_utils import CONSOLE
 
 from ..errors import Rh3dgsError
 from ..io.atomic import atomic_write, stale_temp_files
-from ..io.nerfstudio_run import checkpoints_newest_first
+from ..io.nerfstudio_run import checkpoints_newest_first, load_checkpoint
 
 __all__ = ["Rh3dgsTrainer", "Rh3dgsTrainerConfig", "CheckpointError", "TrainingClock", "ETA_AFTER", "MULTI_DEVICE_REFUSAL"]
 
@@ -219,10 +220,10 @@ class Rh3dgsTrainer(Trainer):
         skipped = []
         for step, path in found:
             try:
-                state = torch.load(path, map_location="cpu", weights_only=True)
+                state = load_checkpoint(path)  # CRC-32 of every record verified, weights_only
                 if not isinstance(state, dict) or "pipeline" not in state:
                     raise ValueError("not a nerfstudio checkpoint (no 'pipeline' entry)")
-            except Exception as e:  # a truncated or foreign file: say so and try the previous one
+            except Exception as e:  # a truncated, damaged or foreign file: say so and try the previous one
                 skipped.append(f"{path.name} ({type(e).__name__}: {str(e)[:120]})")
                 CONSOLE.print(f"[yellow]Skipping unreadable checkpoint {path}: {type(e).__name__}: {e}")
                 continue

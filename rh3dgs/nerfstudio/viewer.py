@@ -65,6 +65,7 @@ from nerfstudio.viewer.viewer_elements import (
 from ..errors import ConfigError, Rh3dgsError
 from ..query import TEMPERATURE, THRESHOLD, parse_queries, reduce_queries, relevancy_maps
 from ..viewer.controls import DEFAULT_NEGATIVES, OUTPUT_OVERLAY, SHOW_ALL, ControlState, QueryControls, compose_output
+from ..viewer.guard import say_ignored
 
 __all__ = ["ViewerMarkdown", "TextQueryPanel", "tint", "SELECTION_TINT", "SELECTION_TINT_STRENGTH", "COMPOSITED",
            "install_viewer_guard", "requested_viewer_host"]
@@ -267,10 +268,17 @@ class TextQueryPanel(torch.nn.Module):
         """The elements' current values as a :class:`ControlState` (default values before the viewer installs them)."""
         pos = parse_queries(self.q1_positives.value)
         shown = self.q4_shown.value
-        return ControlState(positives=pos, negatives=parse_queries(self.q2_negatives.value),
-                            threshold=float(min(1.0, max(0.0, float(self.q3_threshold.value)))),
-                            output=OUTPUT_OVERLAY, shown=shown if shown in pos else SHOW_ALL,
-                            show_selection=bool(self.q5_show_selection.value))
+        last = getattr(self, "_last_state", None) or ControlState()
+        try:
+            st = ControlState(positives=pos, negatives=parse_queries(self.q2_negatives.value),
+                              threshold=float(self.q3_threshold.value), output=OUTPUT_OVERLAY,
+                              shown=shown if shown in pos else SHOW_ALL, show_selection=bool(self.q5_show_selection.value))
+        except (Rh3dgsError, TypeError, ValueError) as exc:  # a value the slider does not offer (a crafted message)
+            say_ignored(None, f"GUI value refused: {exc}")
+            self.q3_threshold.value = last.threshold
+            return last
+        self._last_state = st
+        return st
 
     def _on_queries(self, _element=None) -> None:
         """Positives changed: refresh the 'Show' options (SHOW_ALL, then each query when there are several)."""

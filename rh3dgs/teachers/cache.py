@@ -18,11 +18,12 @@ undistortion): the dataset's own file, its ``images_N`` copy, or the undistorted
 ``<cache>/images`` (written once, byte-identical for every reader). So on a distorted, downscaled capture
 the three read and write the same entries: whichever runs first computes, the others reuse.
 
-Every ``.npy`` is written atomically and its sha256 and size are recorded in the
-manifest. An entry is used only when its file exists and matches the recorded
-checksum; anything else (truncated / corrupt file, file without manifest record after
-a crash) is recomputed. The manifest is rewritten atomically (merged with what is on
-disk, so concurrent runs lose at most some records, which are then recomputed).
+Every ``.npy`` is written atomically and its sha256, size, shape and dtype are recorded in the
+manifest. An entry is used only when its file exists and matches the recorded checksum, size and
+array header (shape ``[h, w, D]`` with the teacher's D); anything else (truncated / corrupt / edited
+file, file without manifest record after a crash) is recomputed. A manifest of a newer cache format
+is refused (one line), never overwritten. The manifest is rewritten atomically (merged with what is
+on disk, so concurrent runs lose at most some records, which are then recomputed).
 
 Data-parallel extraction (``extract_features(..., distributed=True)`` inside an initialised
 ``torch.distributed`` process group, e.g. ``torchrun --nproc_per_node=K -m rh3dgs.cli extract``):
@@ -48,8 +49,9 @@ import numpy as np
 import torch
 
 from ..errors import FeatureFormatError, InputFileError, NonFiniteError, ShapeError
-from ..io.npy import NPY_READ_ERRORS
-from ..io.atomic import atomic_save_bytes, atomic_save_json
+from ..io.npy import NPY_READ_ERRORS, load_npy, npy_header
+from ..io.atomic import atomic_save_bytes, atomic_save_json, file_sha256
+from ..memory import read_text_sized
 from ..progress import track
 from .base import Teacher
 
@@ -64,15 +66,6 @@ _MANIFEST_EVERY_S = 5.0
 PathLike = Union[str, Path]
 
 
-def file_sha256(path: PathLike, chunk: int = 1 << 20) -> str:
-    """Hex sha256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(chunk), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def teacher_cache_dir(teacher: Teacher, cache_dir: PathLike) -> Path:
     """The sub-folder of ``cache_dir`` holding ``teacher``'s entries."""
     key = teacher.cache_key()
@@ -82,10 +75,14 @@ def teacher_cache_dir(teacher: Teacher, cache_dir: PathLike) -> Path:
 
 def _read_records(path: Path, key: str) -> Dict[str, Dict[str, Any]]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
+        data = json.loads(read_text_sized(path, "a cache manifest"))
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
         return {}  # absent or unreadable: every entry will be verified / recomputed
-    if not isinstance(data, dict) or data.get("format") != _FORMAT or data.get("teacher_key") != key:
+    version = data.get("format") if isinstance(data, dict) else None
+    if isinstance(version, int) and not isinstance(version, bool) and version > _FORMAT:
+        raise FeatureFormatError(path, f"written by a newer rh3dgs (cache format {version}; this version reads "
+                                       f"{_FORMAT}): use that version, or another --cache folder", field="format")
+    if not isinstance(data, dict) or version != _FORMAT or data.get("teacher_key") != key:
         return {}
     entries = data.get("entries")
     if not isinstance(entries, dict):
@@ -152,15 +149,22 @@ def _part_path(folder: Path, rank: int) -> Path:
     return folder / f"manifest.rank{rank}.json"
 
 
-def _entry_valid(folder: Path, record: Optional[Dict[str, Any]], entry: str) -> bool:
+def _entry_valid(folder: Path, record: Optional[Dict[str, Any]], entry: str, dim: Optional[int] = None) -> bool:
+    """The entry's file is what its manifest record vouches for: the size, the array header (shape [h, w, dim]
+    and dtype as recorded) and the sha256 of its bytes."""
     if not record:
         return False
     path = folder / f"{entry}.npy"
     try:
         if path.stat().st_size != int(record.get("bytes", -1)):
             return False
+        with open(path, "rb") as f:
+            shape, dtype = npy_header(f)
+        if list(shape) != record.get("shape") or dtype.name != record.get("dtype") or len(shape) != 3 \
+                or (dim is not None and shape[-1] != dim):
+            return False
         return file_sha256(path) == record.get("sha256")
-    except (OSError, TypeError, ValueError):
+    except NPY_READ_ERRORS:
         return False
 
 
@@ -246,7 +250,7 @@ def extract_features(teacher: Teacher, image_paths: Sequence[PathLike], cache_di
         first_image.setdefault(e, p)
 
     unique = list(first_image)
-    valid = _map_sharded(lambda e: _entry_valid(folder, manifest.get(e), e), unique, rank, world)
+    valid = _map_sharded(lambda e: _entry_valid(folder, manifest.get(e), e, teacher.dim), unique, rank, world)
     todo: List[str] = []
     invalid = 0
     for e, ok in zip(unique, valid):
@@ -313,9 +317,9 @@ def read_stored_map(path: PathLike) -> torch.Tensor:
     if not path.is_file():
         raise FeatureFormatError(path, "cached feature file not found (run extract_features first)")
     try:
-        arr = np.load(path, allow_pickle=False)
-    except NPY_READ_ERRORS as e:
-        raise FeatureFormatError(path, f"corrupt cached feature file ({type(e).__name__}: {e}); delete it and "
+        arr = load_npy(path, FeatureFormatError, "cached feature map")  # sized from its header first
+    except FeatureFormatError as e:
+        raise FeatureFormatError(path, f"corrupt cached feature file ({str(e).split(': ', 1)[-1]}); delete it and "
                                        "re-run extract_features") from None
     if not isinstance(arr, np.ndarray) or arr.ndim != 3 or arr.dtype.kind != "f":
         raise FeatureFormatError(path, f"cached features must be a float [h, w, D] array, got "

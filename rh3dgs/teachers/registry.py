@@ -18,9 +18,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Annotated, Any, Callable, Dict, List, Optional, Tuple, Union
 
 from ..errors import ConfigError
+from ..ranges import Range, check_fields, check_setting
 from .base import Teacher
 from .clip import ClipTeacher
 from .precomputed import PrecomputedTeacher
@@ -95,6 +96,8 @@ def teacher_from_spec(spec: Dict[str, Any], base: Optional[PathLike] = None) -> 
     if not isinstance(spec, dict) or "name" not in spec:
         raise ConfigError(f"teacher spec must be a dict with a 'name', got {spec!r}")
     kw = {k: v for k, v in spec.items() if k != "name"}
+    for k, v in kw.items():  # numbers stored in a scene checked against TeacherConfig's declared ranges
+        check_setting(TeacherConfig, k, v)
     if base is not None:
         for k in _PATH_KEYS:
             if isinstance(kw.get(k), str) and not Path(kw[k]).is_absolute():
@@ -114,11 +117,11 @@ class TeacherConfig:
     """clip: open_clip weights tag (downloaded)."""
     checkpoint: Optional[str] = None
     """clip: local weights file; takes precedence over pretrained."""
-    image_size: Optional[int] = None
+    image_size: Optional[Annotated[int, Range(ge=1)]] = None
     """clip: image short side for the ViT (None: the model's)."""
-    scales: Tuple[float, ...] = (1.0,)
+    scales: Annotated[Tuple[float, ...], Range(gt=0, min_len=1)] = (1.0,)
     """clip: crop scales of the pyramid (1.0: dense map only)."""
-    crop_overlap: float = 0.5
+    crop_overlap: Annotated[float, Range(ge=0, lt=1)] = 0.5
     """clip: overlap of neighbouring crops, in [0, 1)."""
     dense_path: str = "maskclip"
     """clip: maskclip (residual + MLP kept) or value-only."""
@@ -130,8 +133,11 @@ class TeacherConfig:
     """precomputed: folder of the .npy maps (None: DATA/features)."""
     seed: int = 0
     """tiny-clip: seed of the random initialisation."""
-    batch_size: int = 64
+    batch_size: Annotated[int, Range(ge=1)] = 64
     """clip: crops per forward pass."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)  # every numeric field against its declared Range (rh3dgs.ranges)
 
     def teacher_kwargs(self, data_dir: Optional[PathLike] = None) -> Dict[str, Any]:
         """Keyword arguments for :func:`make_teacher` for this config's ``name`` (defaults that

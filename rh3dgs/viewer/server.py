@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
+import os
 import socket
 import sys
 import threading
@@ -23,13 +24,14 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Annotated, Dict, Optional, Tuple
 
 import numpy as np
 import torch
 
 from ..cameras import Cameras
 from ..errors import ConfigError
+from ..ranges import Range, check_fields, check_setting
 from .camera import ViewPose, cameras_from_viser, pose_from_cameras
 from .controls import QueryControls, ViserControlPanel, export_selection
 
@@ -44,25 +46,27 @@ class ViewerConfig:
 
     host: str = "127.0.0.1"
     """Address to bind (127.0.0.1: this machine only; others print a warning)."""
-    port: int = 8080
+    port: Annotated[int, Range(ge=0, le=65535)] = 8080
     """TCP port; 0 picks a free one."""
-    max_res: Optional[int] = None
+    max_res: Optional[Annotated[int, Range(ge=8)]] = None
     """Long side of still frames in pixels (None: 512 on CPU, 1024 on CUDA)."""
-    moving_res: Optional[int] = None
+    moving_res: Optional[Annotated[int, Range(ge=8)]] = None
     """Long side of frames while the camera moves (None: max_res / 2)."""
-    still_delay: float = 0.25
+    still_delay: Annotated[float, Range(ge=0)] = 0.25
     """Seconds without camera messages after which the camera is still."""
     output_dir: Path = Path("outputs/view")
     """Where the export button writes selections."""
-    jpeg_quality: int = 90
+    jpeg_quality: Annotated[int, Range(ge=1, le=100)] = 90
     """JPEG quality of the still frames sent to the browser, 1-100 (moving ones: 60)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)  # every numeric field against its declared Range (rh3dgs.ranges)
 
 
 def check_port(host: str, port: int) -> int:
     """Raise :class:`ConfigError` naming the port if ``host:port`` cannot be listened on; returns the port
     (a free one when ``port`` is 0)."""
-    if not 0 <= int(port) <= 65535:
-        raise ConfigError(f"--port must be in 0..65535, got {port}")
+    check_setting(ViewerConfig, "port", port)
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
@@ -208,8 +212,11 @@ class _ClientRenderer:
                 elif self.done_full != (cam, ctl):
                     self._render(cfg.max_res, full=True)
                     self.done_full = (cam, ctl)
-            except Exception as exc:  # keep serving; say what went wrong
-                traceback.print_exc(file=sys.stderr)
+            except Exception as exc:  # keep serving; say what went wrong, in one line (RH3DGS_DEBUG: traceback)
+                if os.environ.get("RH3DGS_DEBUG"):
+                    traceback.print_exc(file=sys.stderr)
+                print(f"rh3dgs: viewer: render failed for client {self.client.client_id}: {type(exc).__name__}: "
+                      f"{' '.join(str(exc).split())}"[:400], file=sys.stderr, flush=True)
                 self.info.content = f"**Render failed**: {type(exc).__name__}: {exc}"
                 self.done_full = (cam, ctl)
                 time.sleep(0.5)
