@@ -91,7 +91,8 @@ def test_every_error_class_is_an_rh3dgs_error():
 def test_real_cli_process_no_traceback_and_debug_traceback(tmp_path):
     """The installed entry point: exit code 2, one line; --debug shows the traceback."""
     bad = tmp_path / "bad.ply"
-    bad.write_bytes(b"ply\nformat ascii 1.0\nelement vertex 3\nproperty float x\nend_header\n1\n")
+    # three whole rows (not truncated) that lack the 3DGS properties
+    bad.write_bytes(b"ply\nformat ascii 1.0\nelement vertex 3\nproperty float x\nend_header\n1\n2\n3\n")
     argv = [sys.executable, "-m", "rh3dgs.cli", "render", str(bad), "--transforms", str(tmp_path), "--output",
             str(tmp_path / "o")]
     env = dict(os.environ, RH3DGS_QUIET="1")

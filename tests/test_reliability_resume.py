@@ -191,7 +191,9 @@ def _same(a, b) -> bool:
 def _files(folder: Path):
     out = {n: (folder / n).read_bytes() for n in ("semantic.ply", "field.npz", "transforms.json")}
     meta = json.loads((folder / "rh3dgs.json").read_text())
-    for key in [k for k in meta["info"] if k.startswith("seconds")]:  # wall times (seconds, seconds_per_pass)
+    # how the run went, not what it made: wall times, and a rerun that resumed after a checkpointed pass replays
+    # no recorded chunks (resumed_after_pass, recorded_chunks / _bytes 0)
+    for key in [k for k in meta["info"] if k.startswith(("seconds", "recorded_", "resumed_"))]:
         del meta["info"][key]
     out["rh3dgs.json"] = meta
     return out
