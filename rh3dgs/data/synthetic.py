@@ -63,12 +63,23 @@ class SceneConfig:
     other heights, their azimuths half-way between the training cameras'."""
     heldout_heights: Tuple[float, ...] = (1.0, 1.7)
     """Heights of the held-out cameras (m)."""
+    heldout_radius: Optional[float] = None
+    """Radius of the held-out cameras' orbit (m; None: ``orbit_radius``). Smaller: closer views than any training
+    view (each Gaussian covers more pixels)."""
+    gaussian_style: str = "surfel"
+    """"surfel": flat disks of opacity 0.9 tangent to the surface (a ray meets one surface); "blob": isotropic
+    Gaussians of the same width and opacity 0.5 (rays mix several Gaussians, and objects in contact, as a
+    reconstruction's Gaussians do)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.layout, str) and self.layout not in layout_names():
             from ..errors import ConfigError
 
             raise ConfigError(f"SceneConfig.layout: unknown layout {self.layout!r}; known: {layout_names()}")
+        if self.gaussian_style not in ("surfel", "blob"):
+            from ..errors import ConfigError
+
+            raise ConfigError(f"SceneConfig.gaussian_style must be 'surfel' or 'blob', got {self.gaussian_style!r}")
         if not isinstance(self.layout, str) and not 0 <= int(self.layout) < len(LAYOUTS):
             from ..errors import ConfigError
 
@@ -521,11 +532,12 @@ def orbit_cameras(cfg: SceneConfig, center=(0.0, 0.0, 0.3), heldout: bool = Fals
     named ``frame_XXXXX`` after the training frames.
     """
     n, heights = (cfg.heldout_views, cfg.heldout_heights) if heldout else (cfg.num_views, cfg.orbit_heights)
+    radius = cfg.heldout_radius if heldout and cfg.heldout_radius is not None else cfg.orbit_radius
     eyes = []
     for i in range(n):
         ang = 2 * math.pi * i / n + 0.3 + (math.pi / max(cfg.num_views, 1) if heldout else 0.0)
         h = heights[i % len(heights)]
-        eyes.append([cfg.orbit_radius * math.cos(ang), cfg.orbit_radius * math.sin(ang), h])
+        eyes.append([radius * math.cos(ang), radius * math.sin(ang), h])
     cams = Cameras.look_at(torch.tensor(eyes).reshape(-1, 3), torch.tensor(center), up=(0.0, 0.0, 1.0),
                            fov_deg=cfg.fov_deg, width=cfg.image_size, height=cfg.image_size)
     first = cfg.num_views if heldout else 0
@@ -580,9 +592,10 @@ def make_scene(cfg: Optional[SceneConfig] = None) -> SyntheticScene:
         spacing.append(torch.full((n,), math.sqrt(area / n)))
     means, normals, colors = torch.cat(means), torch.cat(normals), torch.cat(colors)
     s = torch.cat(spacing)
-    scales = torch.stack([0.8 * s, 0.8 * s, 0.08 * s], -1)
+    blob = cfg.gaussian_style == "blob"
+    scales = torch.stack([0.8 * s, 0.8 * s, (0.8 if blob else 0.08) * s], -1)
     quats = rotmat_to_quat(_tangent_frames(normals))
-    opac = torch.full((len(means),), 0.9)
+    opac = torch.full((len(means),), 0.5 if blob else 0.9)
     gaussians = Gaussians.from_activated(means, scales, quats, opac, colors)
     gaussians.extra = {"class_id": torch.cat(cls).float(), "instance_id": torch.cat(inst).float()}
     heldout = orbit_cameras(cfg, heldout=True) if cfg.heldout_views > 0 else None

@@ -56,6 +56,12 @@ class Eval:
     """suite: the output folders of the dev and test parts (in that order): write --markdown from their runs"""
     resume: bool = False
     """suite: keep the records of an earlier run in --output and compute only what is missing"""
+    heldout_radius: Optional[float] = None
+    """suite study knob: orbit radius of the held-out cameras (default: the training orbit's)"""
+    gaussian_style: Optional[Literal["surfel", "blob"]] = None
+    """suite study knob: flat surfels (default) or overlapping isotropic blobs"""
+    geometry_noise: Optional[float] = None
+    """suite study knob: the methods get a jittered reconstruction of the scene (std in disk widths)"""
     steps: Optional[int] = None
     """suite: training steps of the trained rows (default SuiteConfig's distill_steps)"""
     threads: int = 0
@@ -88,7 +94,7 @@ def cmd_eval(args) -> int:
             over["seed"] = int(args.seed)
         if args.steps is not None:
             over["distill_steps"] = int(args.steps)
-        for key in ("part", "pairs", "rows"):
+        for key in ("part", "pairs", "rows", "heldout_radius", "gaussian_style", "geometry_noise"):
             if getattr(args, key, None) is not None:
                 over[key] = getattr(args, key)
         if over.get("part") is not None:

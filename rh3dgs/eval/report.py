@@ -366,8 +366,9 @@ def suite_markdown(summary: Dict[str, object], image_prefix: str = "") -> str:
     for p in summary.get("pngs", []):
         lines.append(f"![{Path(p).stem}]({image_prefix}{p})")
     lines += ["", "## Teachers", ""]
+    presets = {**TEACHER_PRESETS, **{k: tuple(v) for k, v in (cfg.get("extra_teachers") or {}).items()}}
     for t in _values(runs, "teacher"):
-        kind, over = TEACHER_PRESETS[t]
+        kind, over = presets[t]
         lines.append(f"- `{t}`: {'TeacherSimConfig' if kind == 'clip' else 'MaskTeacherSimConfig'} defaults"
                      f"{' + ' + str(over) if over else ''}")
     lines += ["", "## Protocol", "", (scoring_doc or "").split("Protocols", 1)[-1].strip(), ""]
