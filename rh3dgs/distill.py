@@ -23,12 +23,17 @@ trains - on renders of fixed Gaussians: the semantic half of the paper's
   generator; the whole run is deterministic for a given ``seed`` on CPU.
 * *Validity*: with ``init="lift"`` the lift's ``valid`` (observed) mask; with ``init="pca"`` a
   Gaussian is valid when its total compositing weight over covered pixels is ``>= min_weight``.
+* *Selection* (``objective.selection``, :mod:`rh3dgs.method.selection`; ``init="lift"`` only): the check views'
+  maps are held out of the run, which starts from the lift of the other views; the field of the step with the
+  lowest check loss is compared with that lift, as a whole and per Gaussian, and (``refit``) a second run from
+  the lift of every view on every view, as long as the first took to its selected step, gets those decisions.
+  ``info`` reports ``selected_step``, ``fallback_fraction``, ``check_views`` and ``selection``.
 """
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -40,6 +45,7 @@ from .errors import ConfigError
 from .gaussians import Gaussians
 from .lifting import LiftConfig, initial_field, pca_decoder
 from .method.objective import ObjectiveConfig, SemanticObjective
+from .method.selection import CheckViews, apply_decisions, check_view_indices, fit_lift, lift_latents
 from .progress import track
 from .rendering import FixedViews, fixed_views
 from .teachers.maps import TeacherMaps, get_map, prepare_maps, region_fraction
@@ -137,6 +143,40 @@ def _pca_start(views: FixedViews, teacher_maps: TeacherMaps, cfg: DistillConfig,
     return latents, decoder, ones.grad[:, 0].detach() >= cfg.min_weight
 
 
+def _check_views(objective: SemanticObjective, views: FixedViews, teacher_maps: TeacherMaps, B: int,
+                 size: Tuple[int, int]) -> Optional[CheckViews]:
+    """The run's check views (:mod:`rh3dgs.method.selection`), or None when the selection is off."""
+    ids = check_view_indices(B, objective.cfg.selection.check_fraction)
+    if not ids:
+        return None
+    dev = views.alpha.device
+    teacher = [torch.as_tensor(get_map(teacher_maps, i)).to(dev).float() for i in ids]
+    regions = [region_fraction(t, size) for t in teacher] if objective.uses_regions else None
+    return CheckViews(objective, lambda: views, ids, teacher, regions)
+
+
+def _refit(gaussians, cameras, teacher_maps, cfg: DistillConfig, lift_res, views, selection: Dict[str, object],
+           lift_all: Tensor) -> Tensor:
+    """The selection's refit (:mod:`rh3dgs.method.selection`): trained again from the lift on every view for the
+    selected number of steps (none when the lift won), the check run's decisions applied."""
+    steps = 0 if selection["choice"] == "lift" else int(selection["selected_step"] or cfg.steps)
+    if steps == 0:
+        return lift_all
+    objective = replace(cfg.objective, selection=replace(cfg.objective.selection, check_fraction=0.0))
+    with torch.enable_grad():  # called where the first run's result is read, under no_grad
+        again = distill(gaussians, cameras, teacher_maps, replace(cfg, steps=steps, objective=objective,
+                                                                  view_order=None), init_lift=lift_res, views=views)
+    return apply_decisions(selection, again.latents, lift_all)
+
+
+def _selection_info(sel: Dict[str, object]) -> Dict[str, object]:
+    """What the suite reports of a run's selection (:func:`rh3dgs.method.selection.select_field`)."""
+    if not sel:
+        return {}
+    return {"selected_step": sel["selected_step"], "fallback_fraction": sel["fallback_fraction"],
+            "check_views": sel["check_views"], "selection": {k: sel[k] for k in ("choice", "check_loss", "check_history")}}
+
+
 def distill(
     gaussians: Gaussians,
     cameras: Cameras,
@@ -195,6 +235,15 @@ def distill(
     opt = torch.optim.Adam(groups)
     valid_idx = torch.nonzero(valid).flatten()
     live = valid[:, None].to(raw.dtype)  # Gaussians without a feature stay at 0 and get no gradient
+    checks = None if cfg.init != "lift" else _check_views(objective, views, teacher_maps, B,
+                                                         (int(cameras.height), int(cameras.width)))
+    fit = [v for v in range(B) if checks is None or v not in checks.ids]  # the views the semantic loss reads
+    if checks is not None:  # start from the lift of the fit views: neither start nor training sees a check view
+        lift_all = objective.gaussian_latents(raw.detach()) * live
+        fit_res = fit_lift(gaussians, cameras, teacher_maps, checks.ids, replace(cfg.lift, latent_dim=cfg.latent_dim))
+        reference = torch.where(fit_res.valid.to(dev)[:, None], lift_latents(fit_res, decoder.detach()), lift_all)
+        with torch.no_grad():
+            raw.copy_(reference)
     means = gaussians.means.detach()
     colors = gaussians.base_colors  # LIC's appearance positives
     order: List[int] = []
@@ -203,29 +252,42 @@ def distill(
     H, W = int(cameras.height), int(cameras.width)
     for step in track(range(cfg.steps), description=f"distill: {cfg.objective.label}", disable=not progress):
         if len(order) < cfg.views_per_step:
-            order += list(cfg.view_order) if cfg.view_order is not None else torch.randperm(B, generator=gen).tolist()
+            order += list(cfg.view_order) if cfg.view_order is not None else [
+                fit[k] for k in torch.randperm(len(fit), generator=gen).tolist()]
         idx, order = order[:cfg.views_per_step], order[cfg.views_per_step:]
+        idx = [i for i in idx if i in fit]  # a replayed order's check views: LIC only, as ns-train's steps on them
         opt.zero_grad(set_to_none=True)
         lat = objective.gaussian_latents(raw) * live
-        teacher = torch.stack([torch.as_tensor(get_map(teacher_maps, i)).to(dev).float() for i in idx])
-        if objective.uses_regions:  # the teacher's regions, read once per view
-            for i, t in zip(idx, teacher):
-                if i not in regions:
-                    regions[i] = region_fraction(t, (H, W))
-        loss, parts = objective(step, views.render(lat, idx), views.alpha[idx], views.d1[idx], views.d2[idx],
-                                decoder, teacher, torch.stack([regions[i] for i in idx]) if objective.uses_regions else None)
+        loss, parts = lat.sum() * 0.0, {}
+        if idx:
+            teacher = torch.stack([torch.as_tensor(get_map(teacher_maps, i)).to(dev).float() for i in idx])
+            if objective.uses_regions:  # the teacher's regions, read once per view
+                for i, t in zip(idx, teacher):
+                    if i not in regions:
+                        regions[i] = region_fraction(t, (H, W))
+            loss, parts = objective(step, views.render(lat, idx), views.alpha[idx], views.d1[idx], views.d2[idx], decoder,
+                                    teacher, torch.stack([regions[i] for i in idx]) if objective.uses_regions else None)
         l_sem = float(loss.detach())
         lc = objective.contrast(step, lat, decoder, means, subset=valid_idx, colors=colors)
         loss = loss + lc
         loss.backward()
         opt.step()
         history.append({"step": step, "loss": float(loss.detach()), "sem": l_sem, "lic": float(lc.detach()), **parts})
+        if checks is not None and checks.due(step, cfg.steps):
+            with torch.no_grad():
+                checks.measure(step, objective.gaussian_latents(raw) * live, objective.background, decoder)
 
     with torch.no_grad():
         lat = objective.gaussian_latents(raw.detach()) * live
         dec = decoder.detach()
+        selection = {}
+        if checks is not None:
+            lat, selection = checks.finish(reference, lat, objective.background, dec, lift_all)
+            selection["check_views"] = checks.ids
+            if cfg.objective.selection.refit:
+                lat = _refit(gaussians, cameras, teacher_maps, cfg, lift_res, views, selection, lift_all)
         feats = F.normalize(lat @ dec.T, dim=-1)
     info = {"label": cfg.label, "steps": cfg.steps, "views": B, "gaussians": N, "valid": int(valid.sum()),
             "seconds": time.perf_counter() - t0, "seconds_init": t_init, "init": cfg.init,
-            "final_loss": history[-1]["loss"] if history else math.nan}
+            "final_loss": history[-1]["loss"] if history else math.nan, **_selection_info(selection)}
     return DistillResult(lat, dec, feats, valid, history, info, lift_res)

@@ -47,8 +47,10 @@ from torch import Tensor
 from ..errors import ConfigError
 from ..field import decoder_factor
 from .lic import LICConfig, LICLoss
+from .selection import SelectionConfig
+from .sphere import geodesic_distance, huber
 from .vcd import VCDConfig, pixel_weights, teacher_footprint
-from .vfm import VFMConfig, vfm_loss
+from .vfm import VFMConfig, delta_at, vfm_loss
 
 __all__ = ["ObjectiveConfig", "SemanticObjective", "ray_spread", "teacher_grid"]
 
@@ -149,6 +151,11 @@ class ObjectiveConfig:
     """Composite a learnt background latent where the render is transparent (1 - A)."""
     min_coverage: float = 0.5
     """resolution='image': pixels with accumulated opacity below this are left out."""
+    selection: SelectionConfig = field(default_factory=SelectionConfig)
+    """Check views, the step with the best check loss, the per-Gaussian fallback to the lift and the refit on every
+    view (:mod:`rh3dgs.method.selection`; e.g. ``SelectionConfig(check_fraction=1 / 6)``). Off by default (every view
+    trains, the last step is kept): on the suite's development part it lost 1.2 mIoU to training without it
+    (docs/method.md, section 8)."""
 
     def __post_init__(self) -> None:
         if self.resolution not in ("teacher", "image"):
@@ -238,6 +245,20 @@ class SemanticObjective(torch.nn.Module):
         pred = pooled @ decoder.T  # [B, h, w, D], normalised by the losses
         w = _pool(w_img[..., None], grid)[..., 0] * (torch.linalg.vector_norm(z, dim=-1) > 0.5)
         return pred, z, w
+
+    def cell_losses(self, latents_2d: Tensor, alpha: Tensor, depth_m1: Tensor, depth_m2: Tensor, decoder: Tensor,
+                    teacher: Tensor, regions: Optional[Tensor] = None,
+                    footprint: Optional[float] = None) -> Tuple[Tensor, Tensor]:
+        """The pixel term per cell of the comparison grid, ``(loss [B, h, w], weight [B, h, w])``: the geodesic Huber
+        loss at VFM's threshold of the run's last step (``use_vfm``; else 1 - cosine) and the pixel weights of
+        :meth:`compare`. The selection's check loss (:mod:`rh3dgs.method.selection`); arguments as :meth:`forward`."""
+        pred, z, w = self.compare(latents_2d, alpha, depth_m1, depth_m2, decoder, teacher, regions, footprint)
+        zs = F.normalize(pred, dim=-1)
+        if self.cfg.use_vfm:
+            loss = huber(geodesic_distance(zs, z), delta_at(self.steps, self.vfm_cfg))
+        else:
+            loss = 1.0 - (zs * z).sum(-1)
+        return loss, w
 
     def forward(self, step: int, latents_2d: Tensor, alpha: Tensor, depth_m1: Tensor, depth_m2: Tensor,
                 decoder: Tensor, teacher: Tensor, regions: Optional[Tensor] = None,
