@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
+from ..method.selection import SelectionConfig
 from .families import PARTS, TEACHER_FAMILIES, SuitePair, part_pairs
 from .peak import PeakMemory
 from .rows import COMPARISONS, LIFT_OURS, PART_ROWS, SUITE_ROWS, TEACHER_PRESETS
@@ -80,9 +81,20 @@ class SuiteConfig:
     """Semantic scene folders written under ``work``: "first" (the first pair's rows), "all" or "none"."""
     threads: int = 0
     """torch threads (0 = leave as is)."""
+    heldout_radius: Optional[float] = None
+    """Study knob (not a family): the held-out cameras' orbit radius (None: ``orbit_radius``)."""
+    gaussian_style: str = "surfel"
+    """Study knob: :attr:`rh3dgs.data.synthetic.SceneConfig.gaussian_style` of every scene."""
+    geometry_noise: float = 0.0
+    """Study knob: the methods get a *reconstruction* of the scene instead of its Gaussians: every mean moved by
+    ``N(0, (geometry_noise x its disk's width)^2)`` per axis and every opacity scaled by U(0.6, 1), while the images,
+    masks and teacher come from the true scene (0: the true Gaussians)."""
+    extra_teachers: Dict[str, Tuple[str, Dict[str, object]]] = field(default_factory=dict)
+    """Study knob: more teachers by name, (kind, simulator settings) as :data:`rh3dgs.eval.rows.TEACHER_PRESETS`
+    (e.g. one corruption at a time), usable in ``teachers``."""
 
     def __post_init__(self) -> None:
-        unknown = [t for t in self.teachers if t not in TEACHER_PRESETS]
+        unknown = [t for t in self.teachers if t not in TEACHER_PRESETS and t not in self.extra_teachers]
         if unknown:
             raise ConfigError(f"unknown suite teachers {unknown}; known: {list(TEACHER_PRESETS)}")
         if self.save_scenes not in ("first", "all", "none"):
@@ -166,26 +178,43 @@ def build_pair_scene(pair: SuitePair, cfg: SuiteConfig, work: Path) -> PairScene
     scfg = SceneConfig(seed=pair.seed, layout=pair.scene, image_size=cfg.image_size, num_views=pair.views,
                        heldout_views=cfg.heldout_views, gaussians_per_unit_area=cfg.gaussians_per_unit_area,
                        orbit_radius=cfg.orbit_radius, orbit_heights=cfg.orbit_heights,
-                       heldout_heights=cfg.heldout_heights)
+                       heldout_heights=cfg.heldout_heights, heldout_radius=cfg.heldout_radius,
+                       gaussian_style=cfg.gaussian_style)
     scene = make_scene(scfg)
     data_dir = work / _scene_dir(pair) / "data"
     write_dataset(scene, data_dir, progress=False)
     ds = LabelledDataset.open(data_dir)
     train_names, test_names = scene.cameras.names, scene.heldout_cameras.names
     cls_tr, dep_tr = ds.arrays(train_names)
+    if cfg.geometry_noise > 0:  # the methods see a reconstruction; images, masks and teacher the true scene
+        scene = replace(scene, gaussians=reconstruction(scene.gaussians, cfg.geometry_noise, pair.seed))
     return PairScene(pair, scene, data_dir, train_names, test_names, cls_tr, dep_tr, ds.instances(train_names),
                      [ds.mask(n) for n in test_names], scene.class_ids.numpy(),
                      fixed_views(scene.gaussians, scene.heldout_cameras))
 
 
+def reconstruction(gaussians, noise: float, seed: int):
+    """A stand-in for reconstructed geometry: means moved by ``N(0, (noise x disk width)^2)`` per axis, opacities
+    scaled by U(0.6, 1) (the same Gaussians otherwise, so per-Gaussian ground truth still applies)."""
+    from ..gaussians import Gaussians
+
+    g = torch.Generator().manual_seed(int(seed) + 99991)
+    width = gaussians.activated_scales[:, :2].mean(-1, keepdim=True)
+    means = gaussians.means + noise * width * torch.randn(gaussians.means.shape, generator=g)
+    opac = gaussians.activated_opacities * (0.6 + 0.4 * torch.rand(len(gaussians), generator=g))
+    return Gaussians.from_activated(means, gaussians.activated_scales, gaussians.quats, opac, gaussians.base_colors)
+
+
 def simulate_teacher_maps(preset: str, seed: int, classes: torch.Tensor, instances: torch.Tensor,
-                          depths: torch.Tensor, num_classes: int, azimuths: Optional[List[float]] = None):
+                          depths: torch.Tensor, num_classes: int, azimuths: Optional[List[float]] = None,
+                          presets: Optional[Dict[str, Tuple[str, Dict[str, object]]]] = None):
     """Step 2: the training views' maps of a teacher family (at the teacher's resolution) and its text table
-    ``(maps, text [K, D], {negative: [D]})``. ``azimuths``: the views' camera azimuths (view-correlated failures)."""
+    ``(maps, text [K, D], {negative: [D]})``. ``azimuths``: the views' camera azimuths (view-correlated failures);
+    ``presets``: teachers beyond :data:`TEACHER_PRESETS` (``SuiteConfig.extra_teachers``)."""
     from ..data.teacher_sim import TeacherSimConfig, make_prototypes, simulate_feature_maps
     from ..data.teacher_sim_masks import MaskTeacherSimConfig, simulate_mask_feature_maps
 
-    kind, over = TEACHER_PRESETS[preset]
+    kind, over = {**TEACHER_PRESETS, **(presets or {})}[preset]
     if kind == "clip":
         tcfg = TeacherSimConfig(**{**over, "seed": seed})
         maps = simulate_feature_maps(classes, depths, tcfg, num_classes=num_classes, view_azimuths=azimuths)
@@ -258,13 +287,14 @@ def _scene_dir(pair: SuitePair) -> str:
 
 
 def _row_dir_name(name: str) -> str:
-    return name.split(" (")[0].split(":")[0].replace(" ", "_").replace("+", "plus").replace(",", "")
+    return (name.split(" (")[0].split(":")[0].replace(" ", "_").replace("+", "plus").replace(",", "")
+            .replace("/", "-"))
 
 
 #: Settings fields added after records were made, at the value that reproduces those records: a field at that value
 #: is left out of the fingerprint, so adding a field (at its neutral value) keeps earlier records valid. Any other
 #: value, or a changed default of an older field, changes the fingerprint.
-NEUTRAL_SETTINGS: Dict[str, object] = {}
+NEUTRAL_SETTINGS: Dict[str, object] = {"selection": SelectionConfig()}
 
 
 def _canonical(obj):
@@ -283,6 +313,10 @@ def _fingerprint(pair: SuitePair, row: Row, cfg: SuiteConfig) -> str:
     """What a record depends on: the pair, the row's resolved settings and the suite's scene settings."""
     scene = {k: getattr(cfg, k) for k in ("image_size", "heldout_views", "gaussians_per_unit_area", "orbit_radius",
                                           "orbit_heights", "heldout_heights")}
+    scene.update({k: getattr(cfg, k) for k in ("heldout_radius", "gaussian_style", "geometry_noise")
+                  if getattr(cfg, k) != SuiteConfig.__dataclass_fields__[k].default})
+    if pair.teacher in cfg.extra_teachers:
+        scene["teacher"] = cfg.extra_teachers[pair.teacher]
     text = json.dumps([asdict(pair), row[0], _canonical(row_settings(row, cfg)), scene], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -440,7 +474,8 @@ def run_suite(out_dir: PathLike, cfg: Optional[SuiteConfig] = None, work_dir: Op
         ps.pair = pair
         records.save_ground_truth(pair, ps.gt_test)
         maps, text, negatives = simulate_teacher_maps(pair.teacher, pair.seed, ps.classes, ps.instances, ps.depths,
-                                                      ps.num_classes, camera_azimuths(ps.scene.cameras))
+                                                      ps.num_classes, camera_azimuths(ps.scene.cameras),
+                                                      cfg.extra_teachers)
         lifts: Dict[str, object] = {}
         qual: List[Tuple[str, np.ndarray, np.ndarray]] = []
         for row in rows:
