@@ -12,7 +12,8 @@ EXT_STAMP := $(VENV)/.rh3dgs-built
 # system packages (apt-get, sudo when not root) and the npm browser driver, only where missing
 SETUP := scripts/setup_system.sh
 NATIVE_SRC := $(wildcard csrc/*.cpp csrc/*.h csrc/cpu/*.cpp csrc/cpu/*.h csrc/cuda/*.cu csrc/cuda/*.h csrc/cuda/*.cuh)
-# CUDA kernels: auto = when a GPU and nvcc are present (see setup.py)
+# CUDA kernels: auto = when a GPU and nvcc are present (see setup.py); where torch is a CUDA build and no
+# toolkit is found, `$(SETUP) cuda` first installs nvcc from PyPI into the venv
 RH3DGS_BUILD_CUDA ?= auto
 export RH3DGS_BUILD_CUDA
 
@@ -27,7 +28,8 @@ $(DEPS_STAMP): requirements.txt
 	$(PY) -m pip install -r requirements.txt
 	@touch $@
 
-$(EXT_STAMP): $(DEPS_STAMP) setup.py $(NATIVE_SRC)
+$(EXT_STAMP): $(DEPS_STAMP) setup.py scripts/cuda_toolchain.py $(NATIVE_SRC)
+	@PYTHON=$(PY) $(SETUP) cuda
 	MAX_JOBS=2 $(PY) -m pip install --no-build-isolation --no-deps -e .
 	@touch $@
 

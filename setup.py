@@ -6,14 +6,31 @@ The CPU kernels (C++ / OpenMP) are always built. CUDA kernels are added accordin
                    (or TORCH_CUDA_ARCH_LIST is set, for building on a GPU-less machine);
   1              - always build them (fails if the toolchain is missing);
   0              - never build them.
+nvcc is found in $CUDA_HOME, on PATH, or as the PyPI toolchain in this interpreter's environment
+(``scripts/setup_system.sh cuda`` installs it where torch is a CUDA build and no toolkit is there;
+see scripts/cuda_toolchain.py).
 """
 import glob
+import importlib.util
 import os
-import shutil
 
 from setuptools import find_packages, setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _toolchain_module():
+    spec = importlib.util.spec_from_file_location("_rh3dgs_cuda_toolchain", os.path.join(ROOT, "scripts", "cuda_toolchain.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_TOOLCHAIN = _toolchain_module()
+# Before torch's build helpers are imported: they read CUDA_HOME once, at import.
+_CUDA_HOME, _CUDA_SOURCE = _TOOLCHAIN.find_cuda_home()
+if _CUDA_HOME is not None:
+    _TOOLCHAIN.use_cuda_home(_CUDA_HOME)
 
 
 def _want_cuda() -> bool:
@@ -21,12 +38,14 @@ def _want_cuda() -> bool:
     if flag in ("0", "false", "no", "off"):
         return False
     import torch
-    from torch.utils.cpp_extension import CUDA_HOME
 
-    toolchain = torch.version.cuda is not None and CUDA_HOME is not None and shutil.which("nvcc") is not None
+    toolchain = torch.version.cuda is not None and _CUDA_HOME is not None
     if flag in ("1", "true", "yes", "on"):
-        if not toolchain:
-            raise RuntimeError("RH3DGS_BUILD_CUDA=1 but no CUDA build of torch or no nvcc was found")
+        if torch.version.cuda is None:
+            raise RuntimeError(f"RH3DGS_BUILD_CUDA=1 but torch {torch.__version__} is not a CUDA build")
+        if _CUDA_HOME is None:
+            raise RuntimeError(f"RH3DGS_BUILD_CUDA=1 but {_CUDA_SOURCE}; run `scripts/setup_system.sh cuda` "
+                               "(PYTHON=this interpreter) to install the PyPI toolchain, or install a CUDA toolkit")
         return True
     return toolchain and (torch.cuda.is_available() or bool(os.environ.get("TORCH_CUDA_ARCH_LIST")))
 
@@ -56,7 +75,25 @@ def _extensions():
 def _cmdclass():
     from torch.utils.cpp_extension import BuildExtension
 
-    return {"build_ext": BuildExtension.with_options(use_ninja=True)}
+    class Build(BuildExtension):
+        """torch's BuildExtension (ninja); with a toolkit that ships only ``libcudart.so.<major>`` (the PyPI
+        runtime), ``-lcudart`` finds it through a link in the build folder."""
+
+        def build_extensions(self):
+            cudart = _TOOLCHAIN.linkable_cudart(_CUDA_HOME) if _CUDA_HOME else None
+            if cudart and any(e.name == "rh3dgs._C" and any(s.endswith(".cu") for s in e.sources)
+                              for e in self.extensions):
+                link_dir = os.path.join(os.path.abspath(self.build_temp), "cudart")
+                os.makedirs(link_dir, exist_ok=True)
+                link = os.path.join(link_dir, "libcudart.so")
+                if os.path.lexists(link):
+                    os.remove(link)
+                os.symlink(cudart, link)
+                for ext in self.extensions:
+                    ext.library_dirs.append(link_dir)
+            super().build_extensions()
+
+    return {"build_ext": Build.with_options(use_ninja=True)}
 
 
 setup(
@@ -90,6 +127,8 @@ setup(
         "nerfstudio.method_configs": [
             "rh3dgs = rh3dgs.nerfstudio.config:rh3dgs_method",
             "rh3dgs-lite = rh3dgs.nerfstudio.config:rh3dgs_lite_method",
+            "splatfacto-native = rh3dgs.nerfstudio.config:splatfacto_native_method",
+            "splatfacto-native-lite = rh3dgs.nerfstudio.config:splatfacto_native_lite_method",
         ],
     },
     ext_modules=_extensions(),

@@ -1,4 +1,4 @@
-"""LIC cost per step vs one training step, at 50k Gaussians (issue 3's setting).
+"""LIC cost per step vs one training step, at 50k Gaussians.
 
 Training step (the baseline, measured in the same run): render RGB + 16-d latents for one
 256x256 view, forward + backward through an L1 RGB loss and the VFM pixel loss.

@@ -1,6 +1,6 @@
 """Training-free lift vs one plain forward render pass over the same views.
 
-Scene: 50k Gaussians, 40 views at 128x128 (issue 3's setting); teacher maps [40, 16, 16, D]
+Scene: 50k Gaussians, 40 views at 128x128; teacher maps [40, 16, 16, D]
 (patch resolution, upsampled inside the lift). Baseline: rendering RGB for the same 40 views.
 Two scenes: the synthetic labelled surfaces (opaque, like a capture) and a random cube.
 At D = 64 every variant (robust, karcher, euclidean, robust without VCD) is timed in 3
@@ -8,7 +8,7 @@ alternating (render, lift) pairs and the median per-pair ratio reported, because
 machine's speed drifts between runs; at D = 512 (surfaces only) the robust lift (in the teacher's
 principal subspace, ``LiftConfig.subspace``, 128 by default) the same way, and the robust lift over the full
 D and the euclidean lift once against the baseline. Teacher maps are random unit vectors (the worst case
-for the IRLS: a Gaussian's samples disagree, so it uses all its passes). Targets (issue 21): the robust
+for the IRLS: a Gaussian's samples disagree, so it uses all its passes). Targets: the robust
 lift <= 2.5x a render at D = 64 and <= 6x at D = 512.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from _common import machine, orbit, peak_rss_mb, random_scene, timeit, write_res
 
 N, VIEWS, SIZE = 50_000, 40, 128
 PAIRS = 3  # alternating (render, lift) runs per variant at the first D
-TARGETS = {64: 2.5, 512: 6.0}  # issue 21: robust lift / plain render
+TARGETS = {64: 2.5, 512: 6.0}  # robust lift / plain render, at most
 
 
 def surface_scene():

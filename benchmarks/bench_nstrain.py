@@ -14,9 +14,9 @@ jobs it is the load-independent figure (wall time grows when other processes tak
 * baseline on CUDA: nerfstudio's own ``splatfacto`` method (gsplat's CUDA rasterizer) with the
   same model hyperparameters and optimizer schedule as the rh3dgs run.
 * baseline on CPU: nerfstudio's splatfacto cannot run on a CPU (``.cuda()`` calls, gsplat's CUDA
-  rasterizer, an LPIPS download), so the baseline is the same preset with ``semantics=False``,
-  which builds :class:`rh3dgs.nerfstudio.splatfacto_native.SplatfactoNativeModel` (the class the rh3dgs
-  model extends): splatfacto's parameters, losses, metrics and densification on rh3dgs's CPU
+  rasterizer, an LPIPS download), so the baseline is ``splatfacto-native-lite``, the same preset without
+  semantics: :class:`rh3dgs.nerfstudio.splatfacto_native.SplatfactoNativeModel` (the class the rh3dgs
+  model extends), splatfacto's parameters, losses, metrics and densification on rh3dgs's CPU
   rasterizer; no latents, decoder or teacher. Labelled "splatfacto (CPU port: rh3dgs model,
   semantics off)".
 
@@ -37,7 +37,7 @@ peak allocated GPU memory).
 Each image size gets its own synthetic dataset (the same scene and ~4k seed points, the
 ``rh3dgs-lite`` preset's own cap) and one row per method.
 
-The fox row (issue 21: "on the fox data downscaled 4x, at least 50k Gaussians"): ``shared/realdata/fox``'s
+The fox row (the fox data downscaled 4x, at least 50k Gaussians): ``shared/realdata/fox``'s
 photos 4x downscaled (270x480) with the poses of bench_real's ``ns-process-data`` (COLMAP; kept in
 ``outputs/bench_cache/fox_ns_4x_2x``, made here when missing), 50,000 seed points (:func:`fox_seeded`), the
 teacher ``tiny-clip`` computed at set-up and the latents initialised at random (the initialising lift of
@@ -71,7 +71,7 @@ from _common import entry, machine, peak_rss_mb, run_isolated, write_results  # 
 ITERS, WARMUP = 300, 10
 VIEWS, SIZES, DENSITY = 12, (256,), 300.0  # ~4k seed points (the synthetic scene's Gaussian centres)
 FOX_GAUSSIANS, FOX_ITERS = 50_000, 70  # the fox row: seed points, iterations (the first WARMUP not timed)
-TARGET_RATIO = 1.3  # issue 21: rh3dgs-lite / splatfacto per iteration, at 256x256 and on the fox
+TARGET_RATIO = 1.3  # rh3dgs-lite / splatfacto per iteration at most, at 256x256 and on the fox
 LABELS = {
     "rh3dgs": "rh3dgs (rh3dgs-lite preset)",
     "splatfacto:cuda": "splatfacto (nerfstudio)",
@@ -101,9 +101,9 @@ def make_data(root: Path, views: int = VIEWS, size: int = SIZES[0], density: flo
 
 def method_config(method: str, data: Path, out: Path, device: str, iters: int):
     """nerfstudio TrainerConfig of ``method`` ("rh3dgs" or "splatfacto") on ``device``."""
-    from rh3dgs.nerfstudio.config import make_optimizers, rh3dgs_lite_config
+    from rh3dgs.nerfstudio.config import make_optimizers, rh3dgs_lite_config, splatfacto_native_lite_config
 
-    c = rh3dgs_lite_config()
+    c = splatfacto_native_lite_config() if method == "splatfacto" and device != "cuda" else rh3dgs_lite_config()
     c.pipeline.model.max_init_points = None  # same seed points as splatfacto
     if method == "splatfacto" and device == "cuda":
         from nerfstudio.configs.method_configs import method_configs
@@ -115,9 +115,7 @@ def method_config(method: str, data: Path, out: Path, device: str, iters: int):
             if f.name != "_target":
                 setattr(c.pipeline.model, f.name, getattr(ours, f.name))
         c.optimizers = {k: v for k, v in make_optimizers(steps).items() if k not in ("latents", "decoder")}
-    elif method == "splatfacto":
-        c.pipeline.model.semantics = False
-    elif method != "rh3dgs":
+    elif method not in ("rh3dgs", "splatfacto"):
         raise ValueError(f"unknown method {method!r}")
     if method == "rh3dgs" or device != "cuda":
         c.pipeline.datamanager.teacher_cache_dir = out / "teacher_cache"

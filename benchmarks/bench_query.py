@@ -3,7 +3,7 @@
 1M pixel-equivalents of rendered latents (d = 16) against 4 queries + 4 canonical negatives in
 a D = 512 teacher space. Both paths give the same relevancy (checked here to 1e-5).
 
-Second part (issue 7's query target): 8 phrases (already encoded) against the canonical
+Second part (the query target): 8 phrases (already encoded) against the canonical
 negatives on one rendered view, 50k Gaussians at 256x256 with d = 16 latents (the viewer's
 ``relevancy_maps``), as a fraction of rendering that view (RGB + latents). Target: <= 10 %.
 """

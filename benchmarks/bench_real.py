@@ -1,4 +1,4 @@
-"""CPU render time of real trained splats (issue 20 point 4, issue 21): per-stage breakdown and FPS.
+"""CPU render time of real trained splats: per-stage breakdown and FPS.
 
 Splats: ``shared/realdata/splats/`` (see its README; never copied into the repository): biker
 (152,746 Gaussians) and guitar (90,854), SuperSplat compressed PLY converted to the INRIA layout
@@ -238,7 +238,7 @@ def splats_part(root: Path) -> Tuple[Dict, str]:
     return payload, md
 
 
-# ====================================================================== the fox user path (issue 20.2 / 20.3)
+# ====================================================================== the fox user path
 FOX_DOWNSCALE = int(os.environ.get("RH3DGS_BENCH_FOX_DOWNSCALE", "4"))  # 1080x1920 -> 270x480
 FOX_TRAIN_DOWNSCALE = int(os.environ.get("RH3DGS_BENCH_FOX_TRAIN_DOWNSCALE", "2"))  # images_2: 135x240
 FOX_ITERS = int(os.environ.get("RH3DGS_BENCH_FOX_ITERS", "200"))

@@ -1,4 +1,4 @@
-"""Lift at scale in bounded memory (issue "performance and scale").
+"""Lift at scale in bounded memory.
 
 Two settings, each part in its own interpreter so that its peak RSS is its own:
 

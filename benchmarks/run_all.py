@@ -12,6 +12,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+# bench_scale_out (K = 1 and 2 processes, ~10 min alone) runs on its own: python benchmarks/bench_scale_out.py
 BENCHES = ["bench_rasterize", "bench_lift", "bench_scale", "bench_lic", "bench_query", "bench_viewer", "bench_real",
            "bench_nstrain"]
 

@@ -9,6 +9,11 @@ a :class:`Scene`.
 The scene's teacher is built lazily, on the first text that is neither a stored text
 embedding nor a vector: loading, rendering, exporting and selecting with vectors or stored
 phrases never need its weights or its device.
+
+The API refuses what the command line refuses, with the same :mod:`rh3dgs.errors` (the CLI calls
+it): a camera index outside the scene's cameras, an empty query list, a threshold, temperature or
+``min_alpha`` outside its declared range (:mod:`rh3dgs.ranges`), an export onto a file the scene
+was read from (:func:`rh3dgs.io.outputs.check_not_input`).
 """
 from __future__ import annotations
 
@@ -25,8 +30,9 @@ from .errors import ConfigError, InputFileError, MissingWeightsError, ShapeError
 from .field import SemanticField
 from .gaussians import Gaussians
 from .io.scene import SceneData, read_scene, save_scene
-from .query import (CANONICAL_NEGATIVES, MIN_ALPHA, TEMPERATURE, THRESHOLD, gaussian_relevancy, relevancy_maps,
-                    select_gaussians)
+from .query import (CANONICAL_NEGATIVES, MIN_ALPHA, TEMPERATURE, THRESHOLD, MinAlpha, Temperature, gaussian_relevancy,
+                    relevancy_maps, select_gaussians)
+from .ranges import check_value
 
 __all__ = ["Scene", "load", "save_scene", "TextEmbeddings"]
 
@@ -72,7 +78,7 @@ class Scene:
         self.cameras = cameras
         self.text_encoder = text_encoder
         self.negatives = tuple(negatives)
-        self.temperature = float(temperature)
+        self.temperature = float(check_value("temperature", temperature, Temperature))
         self.path = path
 
     # ---------------------------------------------------------------- helpers
@@ -87,10 +93,15 @@ class Scene:
         return self.field
 
     def _camera(self, camera: CameraLike) -> Cameras:
-        if isinstance(camera, int):
+        if isinstance(camera, (int, np.integer)) and not isinstance(camera, bool):
             if self.cameras is None:
                 raise ConfigError("the scene has no cameras: pass an rh3dgs.Cameras")
-            return self.cameras[camera]
+            n = len(self.cameras)
+            if not 0 <= int(camera) < n:  # no negative indices: -1 is a typo more often than "the last"
+                raise ConfigError(f"camera index {int(camera)} is outside the scene's cameras 0..{n - 1}")
+            return self.cameras[int(camera)]
+        if not isinstance(camera, Cameras):
+            raise ConfigError(f"camera must be an index or an rh3dgs.Cameras, got {type(camera).__name__}")
         if len(camera) != 1:
             raise ShapeError(f"expected one camera, got {len(camera)}")
         return camera
@@ -99,6 +110,9 @@ class Scene:
         """Strings (through the scene's text encoder) or D-vectors -> [Q, D] unit."""
         if isinstance(queries, (str, Tensor, np.ndarray)):
             queries = [queries]
+        queries = list(queries)
+        if not queries:
+            raise ConfigError("no query given: pass a phrase, a vector, or a list of them")
         field_ = self._require_field()
         vecs: List[Optional[Tensor]] = [None] * len(queries)
         texts = [(i, q) for i, q in enumerate(queries) if isinstance(q, str)]
@@ -149,6 +163,7 @@ class Scene:
         Uses the linear fast path: one d-dimensional dot product per pixel and query.
         """
         f = self._require_field()
+        check_value("min_alpha", min_alpha, MinAlpha)
         phi, neg = self.encode(queries), self._negatives(negatives)
         lat, alpha, _ = self.render_latents(camera)
         return relevancy_maps(f, lat, alpha, phi, neg, self.temperature, min_alpha)
@@ -164,19 +179,22 @@ class Scene:
         return select_gaussians(self.relevancy([query], negatives), threshold)
 
     def export_ply(self, path, mask: Optional[Tensor] = None, latents: bool = False,
-                   latent_dtype: str = "float32") -> Path:
+                   latent_dtype: str = "float32", extra: bool = False) -> Path:
         """Write the (selected) Gaussians as a PLY.
 
-        By default a plain INRIA 3DGS PLY that every 3DGS tool reads (no ``sem_*``, every property
-        a float: ``save_ply(plain=True)``); ``latents=True`` adds the field's latents as ``sem_*``
-        (float32 under rh3dgs's marker, or the compact rh3dgs-only ``latent_dtype="float16"``;
-        see :mod:`rh3dgs.io.ply`).
+        By default a plain INRIA 3DGS PLY that every 3DGS tool reads: exactly INRIA's properties, every one a
+        float (``save_ply(plain=True)``); ``extra=True`` adds the scene's other per-Gaussian columns
+        (``class_id``...), ``latents=True`` the field's latents as ``sem_*`` (float32 under rh3dgs's marker, or the
+        compact rh3dgs-only ``latent_dtype="float16"``; see :mod:`rh3dgs.io.ply`).
         """
+        from .io.outputs import check_not_input, scene_inputs
         from .io.ply import save_ply
 
+        if self.path is not None:  # never over a file this scene was read from (what the CLI refuses too)
+            check_not_input(path, scene_inputs(self.path))
         g = self.gaussians
         if not latents:
-            return save_ply(path, g, mask=mask, plain=True)
+            return save_ply(path, g, mask=mask, plain=True, extra=extra)
         if self.field is not None:
             g = Gaussians(g.means, g.scales, g.quats, g.opacities, g.sh0, g.shN, self.field.latents, dict(g.extra))
         return save_ply(path, g, mask=mask, latent_dtype=latent_dtype)

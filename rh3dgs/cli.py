@@ -2,10 +2,12 @@
 
     rh3dgs demo   [--output DIR]            synthetic scene -> renders (+ lift and queries)
     rh3dgs synth  --output DIR [--seed S]   write a labelled synthetic nerfstudio dataset
-    rh3dgs render SCENE.ply --transforms T  render a PLY from the cameras of a transforms.json
+    rh3dgs render SCENE.ply [--transforms T] render a splat from a transforms.json's cameras, or an orbit
     rh3dgs extract --data DIR --teacher T   teacher features for the dataset's images (cached;
                                             data-parallel: torchrun --nproc_per_node=K -m rh3dgs.cli extract ...)
     rh3dgs lift SCENE.ply --data DIR        training-free lift -> semantic scene folder
+    rh3dgs distill SCENE.ply --data DIR     the lift, then semantic distillation on the fixed Gaussians
+                                            (lift and distill are data-parallel under torchrun --nproc_per_node=K)
     rh3dgs query SCENE "red mug;chair"      relevancy PNGs over the cameras, 3D selections
     rh3dgs select / export                  selections and whole scenes as 3DGS PLY
     rh3dgs eval SCENE --data DIR | --suite  protocols and the synthetic ablation suite
@@ -17,7 +19,10 @@ options are :class:`rh3dgs.lifting.LiftConfig`'s fields (``--delta``, ``--iters`
 (``--teacher`` is its ``name``, ``--cache`` its ``cache_dir``), the image options
 :class:`rh3dgs.io.transforms.ImageOptions`' and ``synth`` / ``demo``'s
 :class:`rh3dgs.data.synthetic.SceneConfig`'s (``--views`` = ``num_views``, ``--size`` = ``image_size``):
-each default and its help text is written once, in that dataclass. ``rh3dgs COMMAND --help`` lists them.
+each default and its help text is written once, in that dataclass (one line per field; why a default is
+what it is: docs/method.md). Booleans are one flag each, named for the change from the default (``--overwrite``,
+``--no-vcd``), their default shown as on / off. ``rh3dgs COMMAND --help`` lists them (tests/test_cli_help.py
+bounds its length).
 
 User errors (rh3dgs.errors) are printed as one line without a traceback; ``--debug``
 shows the traceback. Every job checks its memory estimate first (rh3dgs.memory) and stops
@@ -28,6 +33,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -35,17 +42,22 @@ from pathlib import Path
 from typing import Annotated, List, Literal, Optional, Tuple, Union
 
 import tyro
-from tyro.conf import FlagCreatePairsOff, Positional, arg, subcommand
+from tyro.conf import FlagCreatePairsOff, Positional, Suppress, arg, subcommand
 
 from .data.synthetic import SceneConfig
+from .distill import DistillConfig
+from .method.objective import ObjectiveConfig
 from .errors import ConfigError, Rh3dgsError
 from .eval.cli import Eval
+from .io.atomic import atomic_folder
 from .io.outputs import check_not_input, check_output_dir, check_output_file, prepare_output_dir, scene_inputs
 from .io.transforms import ImageOptions
 from .lifting import LiftConfig
 from .presets import as_config, load_preset
 from .progress import track
+from . import query as query_types
 from .query import CANONICAL_NEGATIVES, THRESHOLD, format_queries, parse_queries
+from .ranges import Range, RangeError, check_fields, command_line
 from .teachers import TeacherConfig
 from .viewer.cli import View
 
@@ -60,10 +72,10 @@ class UsageError(ConfigError):
 
 @dataclass
 class TeacherOptions(TeacherConfig):
-    """:class:`TeacherConfig` as the commands name it: ``--teacher`` (``name``), ``--cache`` (``cache_dir``)."""
+    """TeacherConfig as the commands name it: --teacher (name), --cache (cache_dir)."""
 
-    name: Annotated[str, arg(name="teacher", help="clip | tiny-clip | precomputed (the commands' default: "
-                                                  "precomputed, the maps of DATA/features)")] = "precomputed"
+    name: Annotated[str, arg(name="teacher", help="auto (the teacher of DATA's feature cache, else precomputed), "
+                                                  "precomputed (DATA/features maps), clip or tiny-clip")] = "auto"
     cache_dir: Annotated[Optional[str], arg(name="cache")] = TeacherConfig.cache_dir
 
     def config(self) -> TeacherConfig:
@@ -72,7 +84,7 @@ class TeacherOptions(TeacherConfig):
 
 @dataclass
 class LiftOptions(LiftConfig):
-    """:class:`LiftConfig` with ``use_vcd`` as ``--no-vcd``."""
+    """LiftConfig with use_vcd as --no-vcd."""
 
     method: Literal["robust", "karcher", "euclidean"] = LiftConfig.method
     use_vcd: Annotated[bool, arg(name="vcd")] = LiftConfig.use_vcd
@@ -83,7 +95,7 @@ class LiftOptions(LiftConfig):
 
 @dataclass
 class SceneOptions(SceneConfig):
-    """:class:`SceneConfig` with ``num_views`` as ``--views`` and ``image_size`` as ``--size``."""
+    """SceneConfig with num_views as --views and image_size as --size."""
 
     num_views: Annotated[int, arg(name="views")] = SceneConfig.num_views
     image_size: Annotated[int, arg(name="size")] = SceneConfig.image_size
@@ -130,6 +142,16 @@ def _stem(query: str, limit: int = 80) -> str:
     return stem
 
 
+def _distinct(names: List[str], what: str) -> List[str]:
+    """Output names made distinct before any work (:func:`rh3dgs.io.outputs.distinct_names`), said on stderr."""
+    from .io.outputs import distinct_names
+
+    out, note = distinct_names(names, what)
+    if note:
+        print(f"rh3dgs: warning: {note}", file=sys.stderr)
+    return out
+
+
 def _transforms_file(path) -> Path:
     """The transforms.json that ``--transforms`` / ``--data`` names (the file, or the one in the folder)."""
     p = Path(path)
@@ -137,11 +159,13 @@ def _transforms_file(path) -> Path:
 
 
 def _save_render_pngs(result, names: List[str], out_dir: Path, start: int = 0) -> List[Path]:
-    """Write RGB, depth and alpha PNGs of a RenderResult; returns the RGB paths."""
+    """Write the RGB and alpha PNGs of a RenderResult, its depth as a PNG with a colour bar in scene units and as
+    ``*_depth.npy`` (float32, 0 where alpha <= 0.5); returns the RGB paths."""
+    import numpy as np
     import torch
 
-    from .io.atomic import atomic_save_png
-    from .viz import colorize
+    from .io.atomic import atomic_save_png, atomic_write
+    from .viz import colorize, with_colorbar
 
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -149,24 +173,35 @@ def _save_render_pngs(result, names: List[str], out_dir: Path, start: int = 0) -
         name = names[start + b]
         rgb = (result.rgb[b].clamp(0, 1) * 255).round().to(torch.uint8).numpy()
         atomic_save_png(out_dir / f"{name}_rgb.png", rgb)
-        d = torch.where(result.alpha[b] > 0.5, result.depth[b], torch.zeros_like(result.depth[b]))
-        atomic_save_png(out_dir / f"{name}_depth.png", colorize(d, mask=result.alpha[b] > 0.5))
+        seen = result.alpha[b] > 0.5
+        d = torch.where(seen, result.depth[b], torch.zeros_like(result.depth[b]))
+        lo, hi = (float(d[seen].min()), float(d[seen].max())) if seen.any() else (0.0, 1.0)
+        atomic_save_png(out_dir / f"{name}_depth.png", with_colorbar(colorize(d, seen, lo, hi), lo, hi,
+                                                                     "depth (scene units)"))
+        with atomic_write(out_dir / f"{name}_depth.npy") as f:
+            np.save(f, d.numpy().astype(np.float32), allow_pickle=False)
         atomic_save_png(out_dir / f"{name}_alpha.png", (result.alpha[b].clamp(0, 1) * 255).round().to(torch.uint8).numpy())
         written.append(out_dir / f"{name}_rgb.png")
     return written
 
 
-def _synthetic_sizes(scene: SceneOptions) -> None:
-    """``--views`` / ``--size`` of the synthetic scene: at least 1 view of 8 x 8 pixels, and images that fit."""
+#: bytes of one synthetic view on disk (RGB, mask and instance PNGs at most raw, float32 depth) per pixel, and
+#: per view (headers, its transforms.json entry); in memory while the dataset is written (camera, name, JSON)
+_SYNTH_DISK_PER_PIXEL, _SYNTH_DISK_PER_VIEW, _SYNTH_MEMORY_PER_VIEW = 9, 4096, 2048
+
+
+def _synthetic_sizes(scene: SceneOptions, output) -> None:
+    """``--views`` / ``--size`` of the synthetic scene: at least 1 view of 8 x 8 pixels, images and a list of views
+    that fit in memory, and a dataset that fits on the output's disk (``synth --views 10000000`` stops here)."""
+    from .io.outputs import check_disk_space
     from .memory import check_memory, image_memory_estimate
 
-    views, size = scene.num_views, scene.image_size
-    if views < 1:
-        raise ConfigError(f"--views {views}: the synthetic scene needs at least 1 view")
-    if size < 8:
-        raise ConfigError(f"--size {size}: images of at least 8 x 8 pixels")
-    check_memory(image_memory_estimate(size, size), f"{size}x{size} synthetic images",
-                 knobs=["--size N (smaller images)"])
+    views, size = scene.num_views, scene.image_size  # >= 1 and >= 8: SceneConfig's ranges
+    total = views + max(0, scene.heldout_views)
+    check_memory(image_memory_estimate(size, size) + total * _SYNTH_MEMORY_PER_VIEW,
+                 f"{total} synthetic views of {size}x{size}", knobs=["--size N (smaller images)", "--views N (fewer)"])
+    check_disk_space(output, total * (_SYNTH_DISK_PER_PIXEL * size * size + _SYNTH_DISK_PER_VIEW),
+                     f"a synthetic dataset of {total} views of {size}x{size}")
 
 
 @dataclass
@@ -181,7 +216,7 @@ class Synth:
     def main(self) -> int:
         from .data.synthetic import make_scene, write_dataset
 
-        _synthetic_sizes(self.scene)
+        _synthetic_sizes(self.scene, self.output)
         scene = make_scene(self.scene.config())
         paths = write_dataset(scene, prepare_output_dir(self.output, self.overwrite))
         print(f"wrote a synthetic dataset with {len(scene.gaussians)} Gaussians, {len(scene.cameras)} views, "
@@ -190,15 +225,36 @@ class Synth:
 
 
 @dataclass
+class OrbitOptions:
+    """The cameras rh3dgs render places around a scene that comes without a transforms.json."""
+
+    orbit: Annotated[int, Range(ge=1)] = 36
+    """number of cameras on the orbit (one turn)"""
+    size: Annotated[int, Range(ge=8)] = 512
+    """image width and height in pixels"""
+    up: Literal["auto", "x", "-x", "y", "-y", "z", "-z"] = "auto"
+    """the scene's up axis (auto: detected from the Gaussians' spread, rh3dgs.cameras.detect_up)"""
+    fov: Annotated[float, Range(ge=1.0, le=170.0)] = 50.0
+    """field of view in degrees"""
+    elevation: Annotated[float, Range(ge=-90.0, le=90.0)] = 20.0
+    """height of the orbit above the scene's centre, in degrees"""
+
+    def __post_init__(self) -> None:
+        check_fields(self)  # at least 1 view of 8 x 8 pixels, a field of view in [1, 170] degrees
+
+
+@dataclass
 class Render:
-    """Render a 3DGS PLY from the cameras of a transforms.json."""
+    """Render a 3DGS PLY (INRIA, SuperSplat compressed, SPZ) from the cameras of a transforms.json, or, without one,
+    from an orbit around it (PNGs, a turntable GIF and the orbit's transforms.json)."""
 
     scene: ScenePath
-    """INRIA-format 3DGS PLY"""
-    transforms: Annotated[str, arg(metavar="PATH")]
-    """nerfstudio transforms.json (or its folder)"""
+    """3DGS PLY (INRIA layout or SuperSplat compressed) or SPZ"""
     output: Output
     """folder of the RGB, depth and alpha PNGs"""
+    transforms: Annotated[Optional[str], arg(metavar="PATH")] = None
+    """nerfstudio transforms.json (or its folder); without one, an orbit around the scene (--orbit, --up...)"""
+    camera: Annotated[OrbitOptions, arg(name="")] = field(default_factory=OrbitOptions)
     images: Images = field(default_factory=ImageOptions)
     overwrite: Overwrite = False
 
@@ -206,31 +262,68 @@ class Render:
         import torch
 
         from .io.ply import load_ply
-        from .memory import check_memory, render_memory_estimate
         from .rendering import render
 
-        out = check_output_dir(self.output, self.overwrite, [self.scene, _transforms_file(self.transforms)])
+        inputs = [self.scene] + ([_transforms_file(self.transforms)] if self.transforms else [])
+        out = check_output_dir(self.output, self.overwrite, inputs)
         gaussians = load_ply(self.scene, latents=False)  # RGB only: sem_* columns are not read
+        cams, names = self._cameras(gaussians)
+        names = _distinct(names, "views")  # images of one name in different folders
+        written, extra = [], ""
+        with atomic_folder(out) as building:  # swapped in whole when every view is written
+            for i in track(range(len(cams)), description="render"):
+                with torch.no_grad():
+                    r = render(gaussians, cams[i])
+                with _writing(out):
+                    written += _save_render_pngs(r, names, building, start=i)
+            if self.transforms is None:
+                with _writing(out):
+                    extra = self._turntable(building, cams, written).replace(str(building), str(out))
+        print(f"rendered {len(cams)} views of {len(gaussians)} Gaussians to {out}{extra}")
+        return 0
+
+    def _cameras(self, gaussians):
+        """The transforms.json's cameras, or the orbit's; with the views' names."""
+        from .cameras import detect_up, orbit_cameras, scene_bounds
+        from .memory import check_memory, render_memory_estimate
 
         def preflight(views: int, w: int, h: int) -> None:  # one view at a time
             check_memory(render_memory_estimate(len(gaussians), h, w), f"rendering {len(gaussians)} Gaussians at "
-                         f"{w}x{h}", knobs=["--downscale N (a smaller image)"])
+                         f"{w}x{h}", knobs=["--downscale N or --size N (a smaller image)"])
 
-        cams, images = _load_cameras(self.images, None, self.transforms, check_images=False, require_images=False,
-                                     preflight=preflight)
-        names = [p.stem[:80] for p in images]
-        for i in track(range(len(cams)), description="render"):
-            with torch.no_grad():
-                r = render(gaussians, cams[i])
-            with _writing(out):
-                _save_render_pngs(r, names, out, start=i)
-        print(f"rendered {len(cams)} views of {len(gaussians)} Gaussians to {out}")
-        return 0
+        if self.transforms is not None:
+            cams, images = _load_cameras(self.images, None, self.transforms, check_images=False, require_images=False,
+                                         preflight=preflight)
+            return cams, [p.stem[:80] for p in images]
+        o = self.camera  # its numbers are in their declared ranges (OrbitOptions)
+        preflight(o.orbit, o.size, o.size)
+        centre, extent = scene_bounds(gaussians.means, gaussians.opacities)
+        up, why = (o.up, "given") if o.up != "auto" else detect_up(gaussians.means, gaussians.opacities)
+        print(f"no transforms.json: {o.orbit} orbit cameras around the median centre "
+              f"({', '.join(f'{float(x):.3g}' for x in centre)}), {2.5 * extent:.3g} away (2.5 x the 90th percentile "
+              f"distance), up {up} ({why}; --up to choose)")
+        cams = orbit_cameras(centre, extent, up, o.orbit, o.size, o.size, o.fov, o.elevation)
+        return cams, cams.names
+
+    @staticmethod
+    def _turntable(out: Path, cams, frames: List[Path]) -> str:
+        """turntable.gif of the RGB frames (imageio) and the orbit's transforms.json (its images: the frames), so
+        the renders are a dataset: ``rh3dgs lift SCENE --data OUT``."""
+        import imageio.v3 as iio
+
+        from .io.atomic import atomic_write
+        from .io.transforms import save_transforms
+
+        gif = out / "turntable.gif"
+        with atomic_write(gif) as f:
+            iio.imwrite(f, [iio.imread(p) for p in frames], extension=".gif", duration=80, loop=0)
+        save_transforms(out / "transforms.json", cams, frames)
+        return f"; turntable {gif}, the orbit's cameras {out / 'transforms.json'}"
 
 
 @dataclass
 class Demo:
-    """Run the main job on the embedded synthetic scene: renders, the lift and text queries."""
+    """The synthetic scene end to end: renders, the lift and text queries."""
 
     output: Output = "outputs/demo"
     """output folder"""
@@ -246,7 +339,7 @@ class Demo:
         from .rendering import render
 
         t0 = time.time()
-        _synthetic_sizes(self.scene)
+        _synthetic_sizes(self.scene, self.output)
         out = prepare_output_dir(self.output, self.overwrite)
         # held-out views score the semantic answers
         scene = make_scene(self.scene.config(heldout_views=0 if self.no_semantic else 4))
@@ -271,14 +364,28 @@ class Demo:
         return 0
 
 
-def _teacher_config(teacher: TeacherOptions) -> TeacherConfig:
+def _teacher_config(teacher: TeacherOptions, data: Path) -> TeacherConfig:
     """The TeacherConfig of the teacher options: the same teacher, hence the same cache entries, as an
-    ``ns-train rh3dgs`` data manager with that config."""
+    ``ns-train rh3dgs`` data manager with that config. ``--teacher auto`` (the default): the teacher whose maps the
+    data's feature cache already holds (the most recent, :func:`rh3dgs.teachers.cache.cached_teachers`), else
+    ``precomputed``; said in one line."""
     if teacher.checkpoint and not Path(teacher.checkpoint).expanduser().is_file():  # before open_clip is imported
         from .errors import MissingWeightsError
 
         raise MissingWeightsError(f"--checkpoint {teacher.checkpoint}: checkpoint file not found")
-    return teacher.config()
+    if teacher.name != "auto":
+        return teacher.config()
+    from .teachers import default_cache_dir
+    from .teachers.cache import cached_teachers
+
+    cache = Path(teacher.cache_dir) if teacher.cache_dir else default_cache_dir(data)
+    found = cached_teachers(cache)
+    if not found:
+        return dataclasses.replace(teacher.config(), name="precomputed")
+    spec, folder = found[0]
+    others = f" (newest of {len(found)})" if len(found) > 1 else ""
+    print(f"teacher: {spec['name']}, the teacher of {folder}{others}; --teacher to choose")
+    return TeacherConfig.from_spec(spec, cache_dir=teacher.cache_dir)
 
 
 def _cache_dir(cache_opt: Optional[str], data: Path, image_paths) -> Path:
@@ -303,6 +410,15 @@ def _dataset_maps(cache_opt: Optional[str], teacher, data: Path, image_paths, di
     return dataset_maps(teacher, image_paths, _cache_dir(cache_opt, data, image_paths), distributed=distributed)
 
 
+def _maps_summary(maps) -> str:
+    """``tiny-clip teacher maps: 0 computed, 50 reused in DIR`` (or read in place)."""
+    if not maps.cached:
+        return f"{maps.teacher.name} teacher maps: {len(maps)} read in place"
+    where = Path(maps.files[0]).parent if len(maps) else ""
+    return (f"{maps.teacher.name} teacher maps: {maps.stats.get('computed', 0)} computed, "
+            f"{maps.stats.get('reused', 0)} reused in {where}")
+
+
 def _load_cameras(opts: ImageOptions, cache: Optional[str], transforms, check_images: bool,
                   require_images: bool = True, preflight=None):
     """load_transforms with the command's ImageOptions (--downscale, --skip-missing-images, --no-undistort);
@@ -323,8 +439,7 @@ def _load_cameras(opts: ImageOptions, cache: Optional[str], transforms, check_im
 
 @dataclass
 class Extract:
-    """Teacher features for a dataset's images (cached, incremental). Data-parallel over K processes (GPUs,
-    or CPU with gloo): torchrun --nproc_per_node=K -m rh3dgs.cli extract --data DIR --teacher T ..."""
+    """Teacher features of a dataset, cached (K processes: torchrun --nproc_per_node=K -m rh3dgs.cli extract)."""
 
     data: Annotated[str, arg(metavar="PATH")]
     """dataset folder with transforms.json"""
@@ -345,7 +460,7 @@ class Extract:
         cache = self.teacher.cache_dir
         cams, images = _load_cameras(self.images, cache, data, check_images=True, preflight=preflight)
         with process_group_from_env() as dist:
-            tcfg = _teacher_config(self.teacher)
+            tcfg = _teacher_config(self.teacher, data)
             if dist is not None and dist.device.type == "cuda":
                 tcfg = dataclasses.replace(tcfg, device=str(dist.device))  # each rank on its LOCAL_RANK GPU
             teacher = tcfg.setup(data)
@@ -370,33 +485,51 @@ class Lift:
     """Training-free lift of teacher features into a 3DGS PLY -> a semantic scene folder."""
 
     scene: ScenePath
-    """3DGS PLY (INRIA layout), in the frame of the dataset's cameras (or see --frame)"""
+    """3DGS PLY (INRIA layout) in the dataset's frame (or see --frame)"""
     data: Annotated[str, arg(metavar="PATH")]
     """dataset folder with transforms.json (and features/)"""
     output: Output
     """semantic scene folder to write"""
     frame: Literal["auto", "data", "nerfstudio", "capture"] = "auto"
-    """frame of the PLY (auto: detected, rh3dgs.io.coordinate_frames); nerfstudio = ns-export's"""
+    """frame of the PLY (auto: detected; nerfstudio: ns-export's)"""
     config: Annotated[Optional[str], arg(metavar="YAML")] = None
-    """YAML preset of LiftConfig (e.g. configs/lift-robust.yaml): its values replace LiftConfig's defaults;
-    options given on the command line still win"""
+    """YAML preset of the lift's settings; options given here win"""
     lift: Annotated[LiftOptions, arg(name="")] = field(default_factory=LiftOptions)
     streaming: bool = False
-    """keep nothing across the IRLS passes (least memory; cache_projections and compact_cache False)"""
+    """keep nothing across the IRLS passes (least memory)"""
     teacher: Teacher = field(default_factory=TeacherOptions)
     images: Images = field(default_factory=ImageOptions)
     overwrite: Overwrite = False
 
     def main(self) -> int:
+        """Single process, or data-parallel under ``torchrun`` (each rank lifts its share of the views and
+        Gaussians, :mod:`rh3dgs.lifting.shard`; rank 0 writes and prints)."""
+        from .lifting import lift
+
+        cfg = self.lift.config()
+        if self.streaming:
+            cfg.cache_projections, cfg.compact_cache = False, False
+
+        def fit(gaussians, cams, maps, checkpoint: Path):
+            res = lift(gaussians, cams, maps, cfg, checkpoint=checkpoint)
+            return res.field(), res.info, (f"lifted {len(gaussians)} Gaussians ({res.info['observed']} observed, "
+                                           f"{res.info['filled']} filled from 3D neighbours) over {len(cams)} views")
+
+        return self.run(cfg, fit, "lift")
+
+    def run(self, cfg: LiftConfig, fit, what: str) -> int:
+        """Load the scene, cameras and teacher maps, ``fit(gaussians, cameras, maps, checkpoint) -> (field, info,
+        line)``, write the scene folder (rank 0). Under torchrun the process group spans the job; the checkpoint
+        folder (in the feature cache, named after the output) lets a rerun of the same command resume."""
+        from .distributed import process_group_from_env
         from .io.coordinate_frames import to_data_frame
         from .io.ply import load_ply
         from .io.scene import save_scene
         from .lifting.preflight import preflight_lift
-        from .lifting import lift
         from .teachers import default_cache_dir, spec_paths
 
         data = Path(self.data)
-        tcfg = _teacher_config(self.teacher)
+        tcfg = _teacher_config(self.teacher, data)
         spec = tcfg.spec(data)
         cache = self.teacher.cache_dir
         inputs = [self.scene, _transforms_file(data), cache or default_cache_dir(data), self.config,
@@ -407,37 +540,137 @@ class Lift:
             from .errors import PlyFormatError
 
             raise PlyFormatError(self.scene, "the PLY has 0 vertices: no Gaussians to lift")
-        teacher = tcfg.setup(data)
-        d_teacher = int(teacher.dim)
-        cfg = self.lift.config()
-        if self.streaming:
-            cfg.cache_projections, cfg.compact_cache = False, False
+        if cfg.latent_dim < 1:  # the API's lift may skip the decoder; a scene folder stores latents and decoder
+            raise RangeError("LiftConfig", "latent_dim", cfg.latent_dim, ">= 1 for a scene folder (0 skips the "
+                             "decoder: rh3dgs.lift in Python)", flag="--latent-dim")
+        with process_group_from_env() as group:
+            world, main = (1, True) if group is None else (group.world_size, group.is_main)
+            if group is not None and group.device.type == "cuda":
+                tcfg = dataclasses.replace(tcfg, device=str(group.device))  # each rank on its LOCAL_RANK GPU
+            teacher = tcfg.setup(data)
+            d_teacher = int(teacher.dim)
 
-        def preflight(views: int, w: int, h: int) -> None:  # before any per-frame work or image
-            preflight_lift(len(gaussians), views, h, w, d_teacher, cfg, device=str(gaussians.device))
+            def preflight(views: int, w: int, h: int) -> None:  # before any per-frame work or image
+                preflight_lift(len(gaussians), views, h, w, d_teacher, cfg, device=str(gaussians.device),
+                               world_size=world)
 
-        cams, images = _load_cameras(self.images, cache, data, check_images=False, preflight=preflight)
-        gaussians, frame = to_data_frame(gaussians, self.scene, cams, data, frame=self.frame, images=images)
-        if frame != "data":
-            print(f"{self.scene}: Gaussians in the {frame} frame, mapped to the dataset's (rh3dgs.io.coordinate_frames)")
-        print(preflight_lift(len(gaussians), len(cams), cams.height, cams.width, d_teacher, cfg,
-                             device=str(gaussians.device)).summary())
-        maps = _dataset_maps(cache, teacher, data, images)
-        res = lift(gaussians, cams, maps, cfg)
-        table = {}
-        if hasattr(teacher, "text_queries"):
-            names = teacher.text_queries()
-            table = dict(zip(names, teacher.encode_text(names)))
-        out = save_scene(prepare_output_dir(out, self.overwrite, inputs), gaussians, res.field(), cams, images,
-                         teacher=spec, text_embeddings=table, info=res.info)
-        print(f"lifted {len(gaussians)} Gaussians ({res.info['observed']} observed, {res.info['filled']} filled "
-              f"from 3D neighbours) over {len(cams)} views in {res.info['seconds']:.1f} s -> {out}")
+            cams, images = _load_cameras(self.images, cache, data, check_images=False, preflight=preflight)
+            gaussians, frame = to_data_frame(gaussians, self.scene, cams, data, frame=self.frame, images=images)
+            if main and frame != "data":
+                print(f"{self.scene}: Gaussians in the {frame} frame, mapped to the dataset's "
+                      "(rh3dgs.io.coordinate_frames)")
+            estimate = preflight_lift(len(gaussians), len(cams), cams.height, cams.width, d_teacher, cfg,
+                                      device=str(gaussians.device), world_size=world)
+            if main:
+                print(estimate.summary())
+            maps = _dataset_maps(cache, teacher, data, images, distributed=group is not None)
+            if main:
+                print(_maps_summary(maps))
+            if group is not None:
+                gaussians = gaussians.to(group.device)
+            resume = _resume_folder(Path(cache) if cache else default_cache_dir(data), what, out, main)
+            field, info, line = fit(gaussians, cams, maps, resume)
+            if not main:
+                return 0
+            table = {}
+            if hasattr(teacher, "text_queries"):
+                names = teacher.text_queries()
+                table = dict(zip(names, teacher.encode_text(names)))
+            out = save_scene(prepare_output_dir(out, self.overwrite, inputs), gaussians.to("cpu"), field.to("cpu"),
+                             cams, images, teacher=spec, text_embeddings=table, info=info)
+            if resume is not None:  # done: nothing to resume (and no folder left that was not there)
+                shutil.rmtree(resume, ignore_errors=True)
+                for empty in (resume.parent, resume.parent.parent):
+                    with contextlib.suppress(OSError):
+                        empty.rmdir()
+            over = f" {_shares(info)}" if group is not None else ""
+            resumed = (f" (resumed after pass {info['resumed_after_pass']})" if "resumed_after_pass" in info else
+                       f" (resumed at step {info['resumed_at_step']})" if "resumed_at_step" in info else "")
+            print(f"{line}{over} in {info['seconds']:.1f} s{resumed} -> {out}")
         return 0
 
 
-NEGATIVES_HELP = f"semicolon-separated negatives (default: {format_queries(CANONICAL_NEGATIVES)})"
-Negatives = Annotated[Optional[str], arg(help=NEGATIVES_HELP, metavar="TEXT")]
-Threshold = Annotated[float, arg(help="selection threshold on the relevancy")]
+def _resume_folder(cache: Path, what: str, out: Path, main: bool) -> Optional[Path]:
+    """The checkpoint folder of the job writing ``out`` (in the feature cache's ``resume/``), or None where it cannot
+    be written (a read-only dataset: the job runs without checkpoints, a rerun starts over)."""
+    folder = cache / "resume" / f"{what}-{hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:12]}"
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        probe = folder.parent / f".probe-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        if main:
+            print(f"rh3dgs: warning: no checkpoints ({folder.parent}: {exc.strerror or exc}); a rerun starts over",
+                  file=sys.stderr)
+        return None
+    return folder
+
+
+def _shares(info: dict) -> str:
+    """"over 2 processes (views 4 + 4, Gaussians owned 500 + 500, seen 800 + 790)" of a distributed job's info
+    (each rank's views; the Gaussians whose sums it finished and those its views see in the lift)."""
+    join = lambda xs: " + ".join(map(str, xs))  # noqa: E731
+    gaussians = (f", Gaussians owned {join(info['owned_by_rank'])}, seen {join(info['seen_by_rank'])}"
+                 if "owned_by_rank" in info else "")
+    return f"over {info['world_size']} processes (views {join(info['views_by_rank'])}{gaussians})"
+
+
+@dataclass
+class DistillOptions(DistillConfig):
+    """:class:`DistillConfig` on the command line: its own fields (``--steps``, ``--view-order 3 0 5 ...``); its
+    objective and lift settings come from ``--config YAML`` (their defaults otherwise)."""
+
+    init: Literal["lift", "pca"] = DistillConfig.init
+    seed: Annotated[int, arg(name="distill-seed", help="seed of the views' order (and of init=pca's latents); "
+                                                         "--seed is the teacher's")] = DistillConfig.seed
+    objective: Annotated[ObjectiveConfig, Suppress] = field(default_factory=ObjectiveConfig)
+    lift: Annotated[LiftConfig, Suppress] = field(default_factory=LiftConfig)
+
+    def config(self) -> DistillConfig:
+        return as_config(DistillConfig, self)
+
+
+@dataclass
+class Distill:
+    """The lift, then semantic distillation (the VCD + VFM + LIC objective) on the PLY's fixed Gaussians -> a semantic
+    scene folder. Data-parallel over K processes: torchrun --nproc_per_node=K -m rh3dgs.cli distill ...; a rerun of
+    the same command resumes from the last checkpoint (--checkpoint-every steps)."""
+
+    scene: ScenePath
+    """3DGS PLY (INRIA layout) in the dataset's frame (or see --frame)"""
+    data: Annotated[str, arg(metavar="PATH")]
+    """dataset folder with transforms.json (and features/)"""
+    output: Output
+    """semantic scene folder to write"""
+    frame: Literal["auto", "data", "nerfstudio", "capture"] = "auto"
+    """frame of the PLY (auto: detected; nerfstudio: ns-export's)"""
+    config: Annotated[Optional[str], arg(metavar="YAML")] = None
+    """YAML preset of the distillation's settings (objective: and lift: as mappings); options given here win"""
+    distill: Annotated[DistillOptions, arg(name="")] = field(default_factory=DistillOptions)
+    teacher: Teacher = field(default_factory=TeacherOptions)
+    images: Images = field(default_factory=ImageOptions)
+    overwrite: Overwrite = False
+
+    def main(self) -> int:
+        from .distill import distill
+
+        cfg = self.distill.config()
+        job = Lift(scene=self.scene, data=self.data, output=self.output, frame=self.frame, teacher=self.teacher,
+                   images=self.images, overwrite=self.overwrite)
+
+        def fit(gaussians, cams, maps, checkpoint: Path):
+            res = distill(gaussians, cams, maps, cfg, progress=True, checkpoint=checkpoint)
+            return res.field(), res.info, (f"distilled {len(gaussians)} Gaussians ({res.info['valid']} with a feature) "
+                                           f"over {len(cams)} views, {cfg.steps} steps (final loss "
+                                           f"{res.info['final_loss']:.4g})")
+
+        return job.run(dataclasses.replace(cfg.lift, latent_dim=cfg.latent_dim), fit, "distill")
+
+
+Negatives = Annotated[Optional[str], arg(help="semicolon-separated negative phrases", metavar="TEXT",
+                                         help_behavior_hint=f"(default: {format_queries(CANONICAL_NEGATIVES)})")]
+Threshold = Annotated[query_types.Threshold, arg(help="selection threshold on the relevancy, in [0, 1]")]
 
 
 @dataclass
@@ -445,21 +678,24 @@ class Query:
     """Relevancy PNGs over the cameras and 3D selections for text queries."""
 
     scene: ScenePath
-    """semantic scene folder (from `rh3dgs lift` / `rh3dgs demo`)"""
+    """semantic scene folder (from rh3dgs lift or rh3dgs demo)"""
     queries: Annotated[str, Positional, arg(metavar="QUERIES")]
     """semicolon-separated phrases, e.g. 'red mug;chair'"""
     output: Output
     """folder of the PNGs and selections"""
     negatives: Negatives = None
     threshold: Threshold = THRESHOLD
-    views: Annotated[Optional[Tuple[int, ...]], arg(metavar="INT ...")] = None
-    """camera indices (default: all)"""
+    views: Annotated[Optional[Tuple[int, ...]], arg(metavar="INT ...", help_behavior_hint="(default: all)")] = None
+    """camera indices"""
     overwrite: Overwrite = False
+
+    def __post_init__(self) -> None:
+        check_fields(self)  # --threshold in [0, 1]
 
     def main(self) -> int:
         from .api import load
         from .io.atomic import atomic_save_png
-        from .viz import colorize, highlight, result_sheet
+        from .viz import colorize, highlight, result_sheet, with_colorbar
 
         out = check_output_dir(self.output, self.overwrite, scene_inputs(self.scene))
         scene = load(self.scene)
@@ -470,35 +706,42 @@ class Query:
         if scene.cameras is None:
             raise ConfigError(f"{self.scene}: the scene has no cameras (transforms.json) to render queries from")
         views = _views_arg(self.views, len(scene.cameras))
-        names = [n[:80] for n in scene.cameras.names] or [f"view_{i:05d}" for i in range(len(scene.cameras))]
+        names = _distinct([n[:80] for n in scene.cameras.names] or
+                          [f"view_{i:05d}" for i in range(len(scene.cameras))], "views")
+        stems = dict(zip(queries, _distinct([_stem(q) for q in queries], "queries")))  # "red mug" / "red_mug"
         scene.encode(queries)  # an unknown query stops here, before any file is written
         if negatives:
             scene.encode(negatives)
-        for i in track(views, description="query: relevancy"):
-            rel = scene.render_relevancy(i, queries, negatives)
-            rgb = scene.render(i)
-            for q, r in zip(queries, rel):
+        with atomic_folder(out) as building:  # swapped in whole when every file is written
+            for i in track(views, description="query: relevancy"):
+                rel = scene.render_relevancy(i, queries, negatives)
+                rgb = scene.render(i)
+                for q, r in zip(queries, rel):
+                    with _writing(out):
+                        atomic_save_png(building / f"{names[i]}_{stems[q]}_relevancy.png", with_colorbar(
+                            colorize(r, vmin=0.0, vmax=1.0), 0.0, 1.0, "relevancy (LERF, 0-1)", self.threshold))
+                        atomic_save_png(building / f"{names[i]}_{stems[q]}_overlay.png", with_colorbar(
+                            highlight(rgb, r, threshold=self.threshold), 0.0, 1.0,
+                            f"relevancy above {self.threshold:g} (0-1)", self.threshold))
                 with _writing(out):
-                    atomic_save_png(out / f"{names[i]}_{_stem(q)}_relevancy.png", colorize(r, vmin=0.0, vmax=1.0))
-                    atomic_save_png(out / f"{names[i]}_{_stem(q)}_overlay.png",
-                                    highlight(rgb, r, threshold=self.threshold))
-            with _writing(out):
-                atomic_save_png(out / "sheets" / f"{names[i]}.png",
-                                result_sheet(rgb, rel, queries, self.threshold, title=names[i]))
-        for q in track(queries, description="query: selections"):
-            sel = scene.select(q, threshold=self.threshold, negatives=negatives)
-            stem = _stem(q)
-            with _writing(out / f"{stem}.ply"):
-                scene.export_ply(out / f"{stem}.ply", mask=sel)
-            print(f"'{q}': {int(sel.sum())} of {len(scene)} Gaussians above {self.threshold} -> "
-                  f"{out / (stem + '.ply')}")
-        print(f"relevancy PNGs for {len(queries)} queries x {len(views)} views, one sheet per view "
-              f"(sheets/<view>.png) -> {out}")
+                    atomic_save_png(building / "sheets" / f"{names[i]}.png",
+                                    result_sheet(rgb, rel, queries, self.threshold, title=names[i]))
+            for q in track(queries, description="query: selections"):
+                sel = scene.select(q, threshold=self.threshold, negatives=negatives)
+                stem = stems[q]
+                with _writing(out / f"{stem}.ply"):
+                    scene.export_ply(building / f"{stem}.ply", mask=sel)
+                print(f"'{q}': {int(sel.sum())} of {len(scene)} Gaussians above {self.threshold} -> "
+                      f"{out / (stem + '.ply')}")
+        print(f"result sheets (render, relevancy, selection per query; start here): {out / 'sheets'}/<view>.png, "
+              f"{len(views)} views; single relevancy / overlay PNGs ({len(queries)} queries) -> {out}")
         return 0
 
 
 Latents = Annotated[bool, arg(help="add the field's latents as sem_* columns (read by rh3dgs; other tools "
                                   "ignore them)")]
+Extra = Annotated[bool, arg(help="also the scene's other per-Gaussian columns (class_id...), as floats; without: "
+                                "exactly the INRIA 3DGS properties")]
 LatentDtype = Annotated[Literal["float32", "float16"],
                         arg(help="with --latents: float32 (a standard PLY float) or float16 (compact, rh3dgs-only)")]
 
@@ -517,7 +760,11 @@ class Select:
     negatives: Negatives = None
     latents: Latents = False
     latent_dtype: LatentDtype = "float32"
+    extra: Extra = False
     overwrite: Overwrite = False
+
+    def __post_init__(self) -> None:
+        check_fields(self)  # --threshold in [0, 1]
 
     def main(self) -> int:
         from .api import load
@@ -527,7 +774,8 @@ class Select:
         negatives = None if self.negatives is None else list(parse_queries(self.negatives))
         sel = scene.select(self.query, threshold=self.threshold, negatives=negatives)
         with _writing(out):
-            out = scene.export_ply(out, mask=sel, latents=self.latents, latent_dtype=self.latent_dtype)
+            out = scene.export_ply(out, mask=sel, latents=self.latents, latent_dtype=self.latent_dtype,
+                                   extra=self.extra)
         print(f"'{self.query}': {int(sel.sum())} of {len(scene)} Gaussians above {self.threshold} -> {out}")
         return 0
 
@@ -542,6 +790,7 @@ class Export:
     """PLY file to write"""
     latents: Latents = False
     latent_dtype: LatentDtype = "float32"
+    extra: Extra = False
     overwrite: Overwrite = False
 
     def main(self) -> int:
@@ -550,14 +799,17 @@ class Export:
         out = check_output_file(self.output, self.overwrite, scene_inputs(self.scene))
         scene = load(self.scene)
         with _writing(out):
-            out = scene.export_ply(out, latents=self.latents, latent_dtype=self.latent_dtype)
+            out = scene.export_ply(out, latents=self.latents, latent_dtype=self.latent_dtype, extra=self.extra)
         with_latents = self.latents and scene.field is not None
-        print(f"{len(scene)} Gaussians{' with sem_* latents' if with_latents else ' (plain 3DGS PLY)'} -> {out}")
+        what = (" with sem_* latents" if with_latents else
+                " (INRIA 3DGS PLY" + (" + extra columns)" if self.extra and scene.gaussians.extra else ")"))
+        print(f"{len(scene)} Gaussians{what} -> {out}")
         return 0
 
 
 #: the commands, by name (``rh3dgs NAME --help``)
-COMMANDS = {"demo": Demo, "synth": Synth, "render": Render, "extract": Extract, "lift": Lift, "query": Query,
+COMMANDS = {"demo": Demo, "synth": Synth, "render": Render, "extract": Extract, "lift": Lift, "distill": Distill,
+            "query": Query,
             "select": Select, "export": Export, "eval": Eval, "view": View}
 Command = Union[tuple(Annotated[cls, subcommand(name)] for name, cls in COMMANDS.items())]  # type: ignore[misc]
 
@@ -569,9 +821,9 @@ class Rh3dgs:
     command: Annotated[Command, arg(name="")]
     debug: bool = False
     """show tracebacks of user errors"""
-    max_memory: Annotated[Optional[str], arg(metavar="SIZE")] = None
-    """refuse jobs whose memory estimate exceeds SIZE (e.g. 8G, 512M; default: the memory available on this
-    machine)"""
+    max_memory: Annotated[Optional[str], arg(metavar="SIZE", help_behavior_hint="(default: the memory available)")] \
+        = None
+    """refuse jobs whose memory estimate exceeds SIZE, e.g. 8G or 512M"""
 
 
 _CONVERSIONS = (("invalid literal for int() with base 10: ", "invalid int value: "),
@@ -627,6 +879,42 @@ def _command_of(argv: List[str]) -> Optional[str]:
     return argv[i] if i < len(argv) and argv[i] in COMMANDS else None
 
 
+def _on_off(default: str) -> str:
+    """The help's hint of a boolean flag: ``--no-vcd`` says "(default: on)", not tyro's "(default: True)"."""
+    return f"(default: {'on' if default == 'True' else 'off'})"
+
+
+def _switch_registry():
+    """A tyro registry under which every boolean field of a dataclass shows its default as on / off (its help text,
+    the field's docstring, describes the setting, so that it reads for ``--flag`` and ``--no-flag`` alike)."""
+    import dataclasses as dc
+
+    from tyro.constructors import ConstructorRegistry
+    from tyro.constructors._struct_spec_dataclass import dataclass_rule  # tyro>=1.0.17,<1.1 (as _errors below)
+
+    registry = ConstructorRegistry()
+
+    @registry.struct_rule
+    def switches(info):
+        spec = dataclass_rule(info)
+        if spec is None:
+            return None
+        fields = tuple(dc.replace(f, type=Annotated[f.type, arg(help_behavior_hint=_on_off)])
+                       if _unannotated(f.type) is bool else f for f in spec.fields)
+        return dc.replace(spec, fields=fields)
+
+    return registry
+
+
+def _unannotated(typ):
+    """``Annotated[T, ...]`` -> T (nested too); other types as they are."""
+    from typing import get_args, get_origin
+
+    while get_origin(typ) is Annotated:
+        typ = get_args(typ)[0]
+    return typ
+
+
 def _tyro(argv: List[str], default=None) -> Rh3dgs:
     """tyro over :class:`Rh3dgs`; a command line that does not parse raises :class:`UsageError` (one line)."""
     from tyro._errors import on_parse_error  # tyro 1.0's parse-error events (pinned: tyro>=1.0.17,<1.1)
@@ -638,7 +926,7 @@ def _tyro(argv: List[str], default=None) -> Rh3dgs:
         raise UsageError(f"{_usage_message(event, prog)} (see {prog} --help)")
 
     # booleans as one flag each, named for the change from the default: --overwrite, --no-vcd, --no-guided
-    kwargs = dict(args=argv, prog="rh3dgs", config=(FlagCreatePairsOff,))
+    kwargs = dict(args=argv, prog="rh3dgs", config=(FlagCreatePairsOff,), registry=_switch_registry())
     if default is not None:
         kwargs["default"] = default
     with on_parse_error(hook):
@@ -658,6 +946,11 @@ def parse(argv: List[str]) -> Rh3dgs:
         preset = as_config(LiftOptions, load_preset(cmd.config, LiftConfig))
         default = Rh3dgs(command=Lift(scene=tyro.MISSING, data=tyro.MISSING, output=tyro.MISSING, lift=preset))
         root = _tyro(argv, default=default)
+    elif isinstance(cmd, Distill) and cmd.config:
+        preset = as_config(DistillOptions, load_preset(cmd.config, DistillConfig))
+        default = Rh3dgs(command=Distill(scene=tyro.MISSING, data=tyro.MISSING, output=tyro.MISSING,
+                                         distill=preset))
+        root = _tyro(argv, default=default)
     return root
 
 
@@ -671,10 +964,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = _global_flag(argv, "--debug")
     try:
-        root = parse(argv)
+        with command_line(argv):  # range errors name the option as typed (rh3dgs.ranges)
+            root = parse(argv)
         from .memory import memory_limit
 
-        with memory_limit(root.max_memory):
+        with memory_limit(root.max_memory), _one_line_warnings():
             return int(root.command.main() or 0)
     except Rh3dgsError as exc:
         if debug:
@@ -686,6 +980,28 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise
         print(f"rh3dgs: error: {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
         return 2
+
+
+@contextlib.contextmanager
+def _one_line_warnings():
+    """Warnings of rh3dgs's own types printed as ``rh3dgs: warning: ...`` (one line each) while a command runs."""
+    import warnings
+
+    from .teachers.tiny import RandomTeacherWarning
+
+    show = warnings.showwarning
+
+    def one_line(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, RandomTeacherWarning):
+            print(f"rh3dgs: warning: {message}", file=sys.stderr)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = one_line
+    try:
+        yield
+    finally:
+        warnings.showwarning = show
 
 
 def _global_flag(argv: List[str], flag: str) -> bool:

@@ -27,7 +27,7 @@ from .lifting import LiftConfig, lift
 from .query import CANONICAL_NEGATIVES, THRESHOLD
 from .rendering import fixed_views
 from .teachers import PrecomputedTeacher
-from .viz import highlight, result_sheet
+from .viz import highlight, result_sheet, with_colorbar
 
 __all__ = ["run", "DEMO_ROWS"]
 
@@ -66,7 +66,7 @@ def run(scene, out: Path, args) -> str:
             res = lift(scene.gaussians, train, maps, LiftConfig())
             robust = res
         else:
-            res = distill(scene.gaussians, train, maps, DistillConfig(), init_lift=robust)
+            res = distill(scene.gaussians, train, maps, DistillConfig(), progress=True, init_lift=robust)
         seconds = time.perf_counter() - t
         fld = fields[label] = res.field()
         with torch.no_grad():
@@ -96,7 +96,8 @@ def run(scene, out: Path, args) -> str:
         rel = api_scene.render_relevancy(i, queries)
         rgb = api_scene.render(i)
         for q, r in zip(queries, rel):
-            atomic_save_png(qdir / f"{train.names[i]}_{q.replace(' ', '_')}.png", highlight(rgb, r, threshold=THRESHOLD))
+            atomic_save_png(qdir / f"{train.names[i]}_{q.replace(' ', '_')}.png", with_colorbar(
+                highlight(rgb, r, threshold=THRESHOLD), 0.0, 1.0, f"relevancy above {THRESHOLD:g} (0-1)", THRESHOLD))
         atomic_save_png(qdir / "sheets" / f"{train.names[i]}.png", result_sheet(rgb, rel[:4], queries[:4], THRESHOLD,
                                                                             title=f"{train.names[i]}: text queries"))
     sel_lines = []
@@ -110,8 +111,9 @@ def run(scene, out: Path, args) -> str:
                          f"(IoU {inter / max(1, int((sel | gt).sum())):.3f}) -> {q.replace(' ', '_')}.ply")
     atomic_save_json(out / "metrics.json", {"results": results, "classes": classes, "heldout_views": test.names,
                                             "seconds": time.time() - t0})
-    print(f"[5/5] relevancy PNGs and selections -> {qdir}; semantic scenes: {best} -> {scene_dir}, "
-          f"{DEMO_ROWS[-1]} -> {out / 'scene_trained'}")
+    print(f"[5/5] result sheets (render, relevancy, selection per query; start here) -> {qdir / 'sheets'}; single "
+          f"PNGs and selections -> {qdir}; semantic scenes: {best} -> {scene_dir}, {DEMO_ROWS[-1]} -> "
+          f"{out / 'scene_trained'}")
     head = f"3D selections of {scene_dir.name}/ ({best}, threshold {THRESHOLD}):\n"
     return _table(results) + "\n" + head + "\n".join(sel_lines) + \
         f"\nmetrics: {out / 'metrics.json'}"

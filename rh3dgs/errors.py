@@ -20,6 +20,7 @@ __all__ = [
     "MissingWeightsError",
     "NativeExtensionError",
     "MemoryLimitError",
+    "OutputError",
 ]
 
 
@@ -80,3 +81,15 @@ class MemoryLimitError(Rh3dgsError):
     Raised by :mod:`rh3dgs.memory`'s preflight before anything large is allocated; the
     message gives the estimate and the setting that would make the job fit.
     """
+
+
+class OutputError(Rh3dgsError):
+    """An output cannot be written: a full disk, a quota, no permission, a read-only file system.
+
+    Raised by :mod:`rh3dgs.io.atomic` (every file and folder rh3dgs writes), which leaves what was
+    at ``path`` before unchanged; ``reason`` is the system's word for it (``strerror``).
+    """
+
+    def __init__(self, path: Union[str, Path], reason: str, kept: str = ""):
+        self.path, self.reason = Path(path), reason
+        super().__init__(f"cannot write {self.path}: {reason}" + (f"; {kept}" if kept else ""))

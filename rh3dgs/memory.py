@@ -32,6 +32,7 @@ import contextvars
 import math
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Iterator, Optional, Sequence, Tuple, Union
 
@@ -49,6 +50,8 @@ __all__ = [
     "parse_size",
     "format_bytes",
     "check_memory",
+    "PARSED_TEXT_FACTOR",
+    "read_text_sized",
 ]
 
 SizeLike = Union[int, float, str, None]
@@ -217,3 +220,29 @@ def feature_map_bytes(shape: Sequence[int], itemsize: int) -> int:
     for s in shape:
         count *= max(0, int(s))
     return count * (int(itemsize) + (4 if itemsize != 4 else 0) + 1 + 8)
+
+
+#: Peak bytes of Python objects per byte of JSON / YAML text parsed (``json.loads``, ``yaml.load``): a list of
+#: floats ``0.123,`` holds a 24-byte float and an 8-byte pointer per 6 bytes of text (~5x); the worst short
+#: tokens (``[],`` -> a 56-byte list) reach ~20x.
+PARSED_TEXT_FACTOR = 24
+
+
+def read_text_sized(path: Union[str, os.PathLike], what: str, factor: int = PARSED_TEXT_FACTOR,
+                    encoding: str = "utf-8") -> str:
+    """The UTF-8 text of ``path`` (a JSON / YAML file to parse), after checking ``factor`` x its size against
+    the budget (:func:`check_memory`): a multi-gigabyte transforms.json or config.yml is refused from its
+    size, before it is read or parsed. Raises OSError / UnicodeDecodeError as ``Path.read_text`` does, and
+    ValueError for anything but a regular file.
+
+    Example::
+
+        meta = json.loads(read_text_sized("scene/rh3dgs.json", "a scene description"))
+    """
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):  # a FIFO or a device has no size to check and may never end
+        raise ValueError(f"{path} is not a regular file")
+    size = st.st_size
+    check_memory(size * factor, f"{path}: parsing {what} of {format_bytes(size)}",
+                 detail=f"~{factor} bytes of parsed objects per byte of text")
+    return Path(path).read_text(encoding=encoding)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Type, TypeVar, Union, get_type_hints
 
 from .errors import ConfigError
+from .memory import read_text_sized
 
 __all__ = ["load_preset", "as_config"]
 
@@ -48,7 +49,7 @@ def load_preset(path: Union[str, Path], cls: Type[T]) -> T:
 
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.safe_load(read_text_sized(p, "a preset"))
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read the preset ({exc.strerror or exc})") from None
     except (yaml.YAMLError, ValueError, RecursionError) as exc:  # ValueError: bad UTF-8, ints over 4300 digits

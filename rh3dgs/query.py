@@ -26,15 +26,16 @@ tensor([[1.0000, 0.5000]])
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import Annotated, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 from .errors import ConfigError, ShapeError
+from .ranges import Range, check_value
 
 __all__ = [
-    "CANONICAL_NEGATIVES", "TEMPERATURE", "THRESHOLD", "MIN_ALPHA",
+    "CANONICAL_NEGATIVES", "TEMPERATURE", "THRESHOLD", "MIN_ALPHA", "Threshold", "Temperature", "MinAlpha",
     "parse_queries", "format_queries",
     "relevancy_from_cosines", "feature_relevancy", "mask_low_alpha", "relevancy_maps", "gaussian_relevancy",
     "reduce_queries", "select_gaussians",
@@ -47,6 +48,13 @@ TEMPERATURE: float = 10.0
 """tau of the pairwise softmax (LERF's value)."""
 THRESHOLD: float = 0.5
 """Relevancy above which a Gaussian is selected (and a pixel highlighted in overlays)."""
+Threshold = Annotated[float, Range(ge=0.0, le=1.0)]
+"""The type of a selection threshold (relevancy is in [0, 1]): ``select --threshold``, the viewers' slider,
+``Scene.select(threshold=...)``."""
+Temperature = Annotated[float, Range(gt=0.0)]
+"""The type of a relevancy temperature tau."""
+MinAlpha = Annotated[float, Range(ge=0.0, le=1.0)]
+"""The type of the accumulated-opacity floor of relevancy maps."""
 MIN_ALPHA: float = 0.1
 """Pixels whose accumulated opacity is below this get relevancy 0 in relevancy maps."""
 
@@ -133,4 +141,5 @@ def reduce_queries(relevancy: Tensor, index: Optional[int] = None) -> Tensor:
 
 def select_gaussians(relevancy: Tensor, threshold: float = THRESHOLD, index: Optional[int] = None) -> Tensor:
     """bool [N]: Gaussians whose relevancy [Q, N] for query ``index`` (None: any query) is > ``threshold``."""
+    check_value("threshold", threshold, Threshold)
     return reduce_queries(relevancy, index) > threshold

@@ -19,7 +19,7 @@ from .errors import ShapeError
 from .gaussians import SH_C0, Gaussians
 from .ops import Contributions, isect_tiles, project_gaussians, rasterize_to_pixels, sh_colors
 
-__all__ = ["RenderResult", "render", "project", "FixedViews", "fixed_views"]
+__all__ = ["RenderResult", "render", "project", "visible", "FixedViews", "fixed_views"]
 
 DEPTH_EPS = 1e-10
 
@@ -89,6 +89,17 @@ def project(
     _, offsets, flatten_ids = isect_tiles(means2d, radii, depths, tile_size, tw, th)
     opacities = gaussians.activated_opacities[None].expand(len(cameras), -1)
     return Projection(radii, means2d, depths, conics, opacities, offsets, flatten_ids, tile_size)
+
+
+def visible(gaussians: Gaussians, cameras: Cameras, near_plane: float = 0.01, far_plane: float = 1e10,
+            eps2d: float = 0.3) -> Tensor:
+    """[B, N] bool: the Gaussians each camera's :func:`render` can composite (projected radius > 0: in front of the
+    near plane, their 3-sigma footprint on the image); every other one is culled, so a render of that camera with
+    only the visible ones is the same render. Projection only (no tiles, no compositing)."""
+    viewmats, Ks = cameras.viewmats.to(gaussians.device), cameras.Ks.to(gaussians.device)
+    radii = project_gaussians(gaussians.means, gaussians.quats, gaussians.activated_scales, viewmats, Ks,
+                              int(cameras.width), int(cameras.height), eps2d, near_plane, far_plane)[0]
+    return radii > 0
 
 
 def _sh_colors(gaussians: Gaussians, cameras: Cameras) -> Tensor:

@@ -12,13 +12,18 @@
 #   colmap COLMAP and ffmpeg, which `ns-process-data images` calls for SfM poses and seed points,
 #          and libusb (open3d, imported by `ns-export`): the real-data benchmark's fox path
 #          (benchmarks/bench_real.py, part of `make bench`)
+#   cuda   the CUDA compiler for rh3dgs's CUDA kernels, only where $PYTHON's torch is a CUDA build, no
+#          toolkit is found ($CUDA_HOME, nvcc on PATH, or this one installed before) and RH3DGS_BUILD_CUDA
+#          is not 0: the PyPI toolchain of torch's CUDA version (nvidia-cuda-nvcc, -nvvm, -cuda-crt,
+#          -cuda-cccl, -cuda-runtime; about 270 MB) into $PYTHON's environment with pip, where setup.py
+#          finds it (scripts/cuda_toolchain.py)                          (make install, before the build)
 #
 # System packages come from apt-get (Debian / Ubuntu): run directly as root, through sudo
 # otherwise (sudo asks for the password on a terminal). Where neither works (not root and no
 # sudo, no apt-get, apt-get fails) it names the packages to install and exits 1.
 #
 #   --dry-run   (or RH3DGS_SETUP_DRY_RUN=1) print the commands it would run, change nothing
-#   PYTHON             the interpreter the venv is made from (default: python3)
+#   PYTHON             the interpreter the venv is made from (default: python3); cuda: the venv's own
 #   RH3DGS_CHROMIUM    a chromium binary to use instead of `chromium` on PATH (the tests read it too)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,9 +34,9 @@ GROUPS_WANTED=()
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY_RUN=1 ;;
-    build | test | colmap) GROUPS_WANTED+=("$arg") ;;
-    -h | --help) sed -n '2,22s/^# \{0,1\}//p' "$0"; exit 0 ;;
-    *) echo "scripts/setup_system.sh: unknown argument '$arg' (groups: build, test, colmap; --dry-run)" >&2; exit 2 ;;
+    build | test | colmap | cuda) GROUPS_WANTED+=("$arg") ;;
+    -h | --help) sed -n '2,27s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    *) echo "scripts/setup_system.sh: unknown argument '$arg' (groups: build, test, colmap, cuda; --dry-run)" >&2; exit 2 ;;
   esac
 done
 [ ${#GROUPS_WANTED[@]} -gt 0 ] || GROUPS_WANTED=(build test)
@@ -69,6 +74,7 @@ NEEDS_colmap=(
   "ffmpeg|image copies and downscales of ns-process-data images|command -v ffmpeg"
   "libusb-1.0-0|libusb-1.0.so.0, needed to import open3d (ns-export)|\"\$PYTHON\" -c 'import ctypes; ctypes.CDLL(\"libusb-1.0.so.0\")'"
 )
+NEEDS_cuda=()  # pip packages, not Debian ones: see the cuda step below
 
 # missing_needs: "package|purpose" of each need of the wanted groups whose check fails
 missing_needs() {
@@ -127,4 +133,21 @@ if [[ " ${GROUPS_WANTED[*]} " == *" test "* ]]; then
       || { say "npm ci failed (above): the browser driver named in $lock could not be installed"; exit 1; }
     run cp "$lock" "$stamp"
   fi
+fi
+
+if [[ " ${GROUPS_WANTED[*]} " == *" cuda "* ]]; then
+  case "${RH3DGS_BUILD_CUDA:-auto}" in
+    0 | false | no | off) ;;  # no CUDA kernels wanted: no compiler either
+    *)
+      # the requirements to install, one a line; nothing for a CPU build of torch or a toolkit found
+      need=$("$PYTHON" scripts/cuda_toolchain.py need) \
+        || { say "cannot tell whether $PYTHON needs the CUDA compiler (scripts/cuda_toolchain.py need failed, above)"; exit 1; }
+      if [ -n "$need" ]; then
+        mapfile -t specs <<< "$need"
+        say "no CUDA compiler found for $PYTHON's CUDA build of torch: will fetch the PyPI toolchain (${specs[*]})"
+        run "$PYTHON" -m pip install -q "${specs[@]}" \
+          || { say "pip could not install the PyPI toolchain (above): install a CUDA toolkit and put its nvcc on PATH"; exit 1; }
+      fi
+      ;;
+  esac
 fi

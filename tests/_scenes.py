@@ -8,6 +8,23 @@ import torch
 from rh3dgs.ops import isect_tiles
 
 
+def on_device(obj, device):
+    """``obj`` (a tensor, or a dict / list / tuple / dataclass of them and other values) with every tensor moved to
+    ``device``."""
+    import dataclasses
+
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: on_device(getattr(obj, f.name), device)
+                                           for f in dataclasses.fields(obj) if f.init})
+    if isinstance(obj, dict):
+        return {k: on_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(on_device(v, device) for v in obj)
+    return obj
+
+
 def random_projected(B: int, N: int, C: int, width: int, height: int, tile_size: int = 16, seed: int = 0,
                      dtype=torch.float32):
     """Random 2D Gaussians already 'projected': returns a dict of rasterizer inputs."""

@@ -156,7 +156,8 @@ def test_cli_query_writes_pngs_and_plys(lifted, tmp_path, capsys):
     pngs = sorted(p.name for p in (tmp_path / "q").glob("*.png"))
     assert len(pngs) == 2 * 2 * 2  # views x queries x (relevancy, overlay)
     from PIL import Image
-    assert np.array(Image.open(tmp_path / "q" / pngs[0])).shape == (64, 64, 3)
+    h, w, c = np.array(Image.open(tmp_path / "q" / pngs[0])).shape  # the 64 x 64 map with its colour bar beside it
+    assert c == 3 and h >= 64 and w > 64 + 20
     assert (tmp_path / "q" / "red_ball.ply").exists()
     rc = main(["query", str(tmp_path / "nope"), "x", "--output", str(tmp_path / "q2")])
     assert rc == 2
@@ -242,3 +243,36 @@ def test_malformed_teacher_spec_is_refused_at_load(tmp_path):
     scene = rh3dgs.load(folder)
     with pytest.raises(InputFileError, match=r"\[teacher\]: cannot build the teacher.*dino-v9"):
         scene.encode("chair")
+
+
+def test_api_refuses_what_the_cli_refuses(lifted, tmp_path):
+    """The same rh3dgs.errors as the commands, never IndexError / RuntimeError / a silent result."""
+    import hashlib
+
+    from rh3dgs.api import Scene
+
+    sc, root = lifted
+    scene = rh3dgs.load(root / "scene")
+    n = len(scene.cameras)
+    cases = [
+        (lambda: scene.render(99), f"camera index 99 is outside the scene's cameras 0..{n - 1}"),
+        (lambda: scene.render(-1), "camera index -1 is outside"),
+        (lambda: scene.render_latents(n), f"camera index {n} is outside"),
+        (lambda: scene.render("0"), "camera must be an index or an rh3dgs.Cameras"),
+        (lambda: scene.relevancy([]), "no query given"),
+        (lambda: scene.encode([]), "no query given"),
+        (lambda: scene.select("red ball", threshold=float("nan")), "threshold: must be a finite number >= 0"),
+        (lambda: scene.select("red ball", threshold=1.5), "threshold: must be"),
+        (lambda: scene.render_relevancy(0, ["red ball"], min_alpha=-1.0), "min_alpha: must be"),
+        (lambda: Scene(scene.gaussians, scene.field, temperature=0.0), "temperature: must be a finite number > 0"),
+        (lambda: scene.export_ply(root / "scene" / "semantic.ply"), "is the input"),
+        (lambda: scene.export_ply(root / "scene" / "field.npz", latents=True), "is the input"),
+    ]
+    before = hashlib.sha256((root / "scene" / "semantic.ply").read_bytes()).hexdigest()
+    for call, fragment in cases:
+        with pytest.raises(ConfigError, match=fragment.replace("(", r"\(").replace(".", r"\.")):
+            call()
+    assert hashlib.sha256((root / "scene" / "semantic.ply").read_bytes()).hexdigest() == before
+    # what stays allowed: a new name next to the scene's files, the last camera, no negatives
+    assert scene.export_ply(tmp_path / "sel.ply", mask=scene.select("red ball")).is_file()
+    assert scene.render(n - 1).shape[-1] == 3 and scene.relevancy(["red ball"], negatives=[]).shape == (1, len(scene))

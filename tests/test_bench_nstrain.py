@@ -1,5 +1,5 @@
 """benchmarks/bench_nstrain.py: its measurement function for a handful of iterations of both methods,
-and the ``semantics=False`` model it uses as the CPU splatfacto baseline."""
+and the ``splatfacto-native-lite`` model it uses as the CPU splatfacto baseline."""
 from __future__ import annotations
 
 import sys

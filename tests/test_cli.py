@@ -139,7 +139,7 @@ def _lift(*extra):
 
 
 def test_options_are_the_config_dataclasses_fields_and_defaults():
-    from rh3dgs.cli import parse
+    from rh3dgs.cli import _teacher_config, parse
     from rh3dgs.data.synthetic import SceneConfig
     from rh3dgs.io.transforms import ImageOptions
     from rh3dgs.lifting import LiftConfig
@@ -147,7 +147,8 @@ def test_options_are_the_config_dataclasses_fields_and_defaults():
 
     cmd = _lift()
     assert cmd.lift.config() == LiftConfig() and type(cmd.lift.config()) is LiftConfig
-    assert cmd.teacher.config() == TeacherConfig(name="precomputed")  # the commands' one own default
+    assert cmd.teacher.config() == TeacherConfig(name="auto")  # the commands' one own default: the data's cache's
+    assert _teacher_config(cmd.teacher, Path("no-such-data")) == TeacherConfig(name="precomputed")  # ... or this
     assert cmd.images == ImageOptions()
     assert parse(["synth", "--output", "o"]).command.scene.config() == SceneConfig()
     # every LiftConfig field is an option, under its README name where it has one
@@ -177,7 +178,7 @@ def test_help_text_is_the_dataclass_docstring(capsys):
                  "--teacher", "--cache", "--features-dir", "--checkpoint", "--downscale", "--skip-missing-images",
                  "--no-undistort", "--streaming", "--config", "--frame", "--overwrite"):
         assert flag in text, flag
-    assert "Huber threshold in radians" in text and "(default: 0.2)" in text
+    assert "Huber threshold (rad)" in text and "(default: 0.2)" in text
     assert f"(default: {LiftConfig.iters})" in text
     with pytest.raises(SystemExit) as ei:
         main(["--help"])

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from _hostile import inflating_npz as _inflating_npz, png_claiming as _png_claiming
 from fuzz.targets import seed_dir
 from rh3dgs.cli import main
 
@@ -50,6 +51,36 @@ def _frames(n):
 
 def _long_path(tj):
     tj["frames"][0]["file_path"] = LONG + ".png"
+
+
+def _scene_copy(root: Path, name: str, edit=None, records: bool = True) -> Path:
+    """A copy of the seed scene folder; ``edit(folder)`` changes it; ``records=False`` drops rh3dgs.json's
+    file records (so that a file's own reader, not the checksum, meets the change)."""
+    d = root / name
+    shutil.copytree(seed_dir() / "scene", d)
+    if not records:
+        meta = json.loads((d / "rh3dgs.json").read_text())
+        meta.pop("files")
+        (d / "rh3dgs.json").write_text(json.dumps(meta))
+    if edit:
+        edit(d)
+    return d
+
+
+def _flip_byte(name: str, at: int = -40):
+    def edit(d: Path):
+        b = bytearray((d / name).read_bytes())
+        b[at] ^= 0x01
+        (d / name).write_bytes(bytes(b))
+    return edit
+
+
+def _set_json(**kw):
+    def edit(d: Path):
+        meta = json.loads((d / "rh3dgs.json").read_text())
+        meta.update(kw)
+        (d / "rh3dgs.json").write_text(json.dumps(meta))
+    return edit
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +133,37 @@ def files(tmp_path_factory):
     f["noplyscene"] = noply
     (root / "badpreset.yaml").write_text("delta: [1, 2\n")
     (root / "unknownkey.yaml").write_text("deltaa: 0.3\n")
+    # ---- reliability round 3: reads sized before they are made, integrity, collisions
+    npzmap = _dataset(root, "npzmap")
+    (npzmap / "features").mkdir()
+    shutil.copy(seeds / "text_embeddings.npz", npzmap / "features" / "text_embeddings.npz")
+    _inflating_npz(npzmap / "features" / "img0.npz", "features", (1024, 1024, 64), np.float16)  # 128 MB inflated
+    f["npzmap"] = npzmap
+    bombtext = _with_features(_dataset(root, "bombtext"), fmap)
+    _inflating_npz(bombtext / "features" / "text_embeddings.npz", "red mug", (1 << 25,), np.float32,
+                   {"chair": np.ones(5, np.float32)})  # 128 MB inflated
+    f["bombtext"] = bombtext
+    f["bombfield"] = _scene_copy(root, "bombfield", lambda d: _inflating_npz(
+        d / "field.npz", "decoder", (1 << 14, 1 << 11), np.float32), records=False)
+    bigpng = _dataset(root, "bigpng", image=False)
+    _png_claiming(bigpng / "img0.png", 40000, 40000)
+    f["bigpng"] = bigpng
+    f["flippedply"] = _scene_copy(root, "flippedply", _flip_byte("semantic.ply"))
+    f["flippedfield"] = _scene_copy(root, "flippedfield", _flip_byte("field.npz", 200))
+    f["newerscene"] = _scene_copy(root, "newerscene", _set_json(version=99))
+    from rh3dgs.teachers import TeacherConfig
+    from rh3dgs.teachers.cache import teacher_cache_dir
+
+    tiny = TeacherConfig(name="tiny-clip").setup(seeds / "data")
+    newer = teacher_cache_dir(tiny, root / "newcache")  # the entry folder extract uses, its manifest from the future
+    newer.mkdir(parents=True)
+    (newer / "manifest.json").write_text(json.dumps({"format": 99, "teacher_key": tiny.cache_key(), "entries": {}}))
+    f["newcache"] = root / "newcache"
+    twins = _with_features(_dataset(root, "twins", lambda tj: tj["frames"].append(
+        {**tj["frames"][0], "file_path": "b/img0.png"})), fmap)
+    (twins / "b").mkdir()
+    shutil.copy(seeds / "data" / "img0.png", twins / "b" / "img0.png")
+    f["twins"] = twins
     return f
 
 
@@ -195,6 +257,54 @@ def _cases(f, out="OUT"):
         ("lift into the dataset", ["lift", ply, "--data", d["nanfeat"], "--output", d["nanfeat"], "--overwrite"],
          ["nanfeat"]),
         ("view a missing path", ["view", str(R / "nowhere")], ["nowhere"]),
+        # ---- reliability round 3 (issue 41): sized reads, integrity, collisions
+        (".npz map inflating to 128 MB, --max-memory 64M", ["--max-memory", "64M", "lift", ply, "--data", d["npzmap"],
+                                                           "--output", out, "--frame", "data"],
+         ["img0.npz", "features 1024x1024x64 float16", "memory estimate"]),
+        ("text_embeddings.npz member of 128 MB", ["--max-memory", "64M", "lift", ply, "--data", d["bombtext"],
+                                                  "--output", out, "--frame", "data"],
+         ["text_embeddings.npz", "red mug 33554432 float32", "memory estimate"]),
+        ("field.npz entry of 128 MB", ["--max-memory", "64M", "export", d["bombfield"], "--output", out],
+         ["field.npz", "decoder 16384x2048 float32", "memory estimate"]),
+        ("PNG header of 40000x40000: extract", ["extract", "--data", d["bigpng"], "--teacher", "tiny-clip",
+                                                "--cache", str(R / "cache_png")], ["img0.png", "decompression bomb"]),
+        ("synth --views 10000000", ["--max-memory", "8G", "synth", "--output", out, "--views", "10000000"],
+         ["10000000", "memory estimate"]),
+        ("a flipped byte in semantic.ply", ["export", d["flippedply"], "--output", out],
+         ["semantic.ply", "changed since rh3dgs wrote the scene"]),
+        ("a flipped byte in field.npz", ["select", d["flippedfield"], "red mug", "--output", out],
+         ["field.npz", "changed since rh3dgs wrote the scene"]),
+        ("scene version newer than the reader", ["export", d["newerscene"], "--output", out],
+         ["rh3dgs.json [version]", "newer rh3dgs"]),
+        ("cache manifest of a newer format", ["extract", "--data", data, "--teacher", "tiny-clip", "--cache",
+                                              d["newcache"]], ["manifest.json [format]", "newer rh3dgs"]),
+        # ---- numbers that are not numbers (rh3dgs.ranges: the option as typed, the rule, the value)
+        ("select --threshold nan", ["select", scene, "red mug", "--threshold", "nan", "--output", out],
+         ["--threshold", "nan"]),
+        ("query --threshold 2", ["query", scene, "red mug", "--threshold", "2", "--output", out], ["--threshold", "2"]),
+        ("lift --latent-dim 0", ["lift", ply, "--data", d["goodfeat"], "--output", out, "--latent-dim", "0"],
+         ["--latent-dim", "got 0"]),
+        ("lift --tile-size 0", ["lift", ply, "--data", d["goodfeat"], "--output", out, "--tile-size", "0"],
+         ["--tile-size", "got 0"]),
+        ("lift --fill-neighbors 0", ["lift", ply, "--data", d["goodfeat"], "--output", out, "--fill-neighbors", "0"],
+         ["--fill-neighbors", "got 0"]),
+        ("lift --min-coverage nan", ["lift", ply, "--data", d["goodfeat"], "--output", out, "--min-coverage", "nan"],
+         ["--min-coverage", "nan"]),
+        ("lift --fill-radius nan", ["lift", ply, "--data", d["goodfeat"], "--output", out, "--fill-radius", "nan"],
+         ["--fill-radius", "nan"]),
+        ("lift --vcd.edge-radius -1", ["lift", ply, "--data", d["goodfeat"], "--output", out, "--vcd.edge-radius", "-1"],
+         ["--vcd.edge-radius", "got -1"]),
+        ("lift --delta inf", ["lift", ply, "--data", d["goodfeat"], "--output", out, "--delta", "inf"],
+         ["--delta", "inf"]),
+        ("synth --fov-deg 180", ["synth", "--output", out, "--fov-deg", "180"], ["--fov-deg", "< 180"]),
+        ("synth --orbit-heights with no value", ["synth", "--output", out, "--orbit-heights"], ["--orbit-heights"]),
+        ("synth --gaussians-per-unit-area nan", ["synth", "--output", out, "--gaussians-per-unit-area", "nan"],
+         ["--gaussians-per-unit-area", "nan"]),
+        ("view --port 70000", ["view", scene, "--port", "70000"], ["--port", "65535"]),
+        ("extract --batch-size 0", ["extract", "--data", data, "--teacher", "tiny-clip", "--batch-size", "0"],
+         ["--batch-size", "got 0"]),
+        ("two images of one name, one feature map", ["lift", ply, "--data", d["twins"], "--output", out, "--frame",
+                                                     "data"], ["img0.npy", "two different images"]),
     ]
 
 

@@ -132,3 +132,16 @@ def test_a_part_runs_its_pairs_and_resumes(tmp_path):
     assert [r["seconds"] for r in s3["runs"]][0] == s1["runs"][0]["seconds"]  # the lift is read back
     assert s3["runs"][1]["fingerprint"] != s1["runs"][1]["fingerprint"]
     assert "## Where training moves the held-out pixels" in (tmp_path / "o" / "results.md").read_text()
+
+
+def test_markdown_report_keeps_its_hand_written_part(tmp_path):
+    from rh3dgs.eval.report import HAND_WRITTEN, keep_hand_written
+
+    md = tmp_path / "results.md"
+    assert keep_hand_written(md, "# tables\n") == "# tables\n"  # no file yet
+    md.write_text("# old tables\n| a |\n")
+    assert keep_hand_written(md, "# new tables\n") == "# new tables\n"  # nothing written by hand
+    md.write_text(f"# old tables\n| a |\n\n{HAND_WRITTEN}\n\n## Development draws\n- a finding\n")
+    kept = keep_hand_written(md, "# new tables\n| b |\n")
+    assert kept == f"# new tables\n| b |\n\n{HAND_WRITTEN}\n\n## Development draws\n- a finding\n"
+    assert "old tables" not in kept

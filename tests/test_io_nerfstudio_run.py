@@ -177,3 +177,47 @@ def test_a_config_written_before_the_package_was_regrouped_reads_into_todays_cla
         fields = {f.name for f in dataclasses.fields(obj)}
         assert set(vars(obj)) <= fields, (type(obj).__name__, set(vars(obj)) - fields)
     assert model.lift == LiftConfig(**{f.name: getattr(model.lift, f.name) for f in dataclasses.fields(LiftConfig)})
+
+
+def test_a_run_opens_at_its_training_resolution_without_reading_an_image(tmp_path):
+    """`rh3dgs.load(config.yml)`'s cameras are those the run trained on (its downscale factor, its frames, the
+    undistorted intrinsics), and loading reads no image: the undistorted / resized images are made one at a time,
+    on first access to run_images(...).images[i], and once."""
+    pytest.importorskip("nerfstudio")
+    import json
+    import warnings
+
+    import torch
+
+    from rh3dgs.data.synthetic import SceneConfig, make_scene, write_dataset
+    from rh3dgs.io.nerfstudio_run import run_images
+    from rh3dgs.io.transforms import load_transforms
+    from rh3dgs.nerfstudio.config import rh3dgs_lite_config
+
+    data = tmp_path / "data"
+    write_dataset(make_scene(SceneConfig(num_views=6, image_size=32, gaussians_per_unit_area=400.0)), data,
+                  progress=False)
+    tf = json.loads((data / "transforms.json").read_text())
+    tf.update(k1=-0.04, p1=0.001)  # a phone capture: distorted, one image missing
+    (data / "transforms.json").write_text(json.dumps(tf))
+    (data / tf["frames"][1]["file_path"]).unlink()
+    config = rh3dgs_lite_config()
+    config.pipeline.datamanager.data = data
+    config.pipeline.datamanager.dataparser.downscale_factor = 2
+    config.pipeline.datamanager.dataparser.skip_missing_images = True
+
+    posed = run_images(tmp_path / "outputs" / "run" / "config.yml", config)
+    cache = data / ".rh3dgs_cache" / "images"
+    assert not cache.exists()  # no image read, undistorted or resized
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        ref, ref_images = load_transforms(data, downscale=2, skip_missing_images=True, image_cache=tmp_path / "ref",
+                                          progress=False)
+    assert (posed.cameras.width, posed.cameras.height) == (ref.width, ref.height) == (15, 15)
+    assert posed.frames == [0, 2, 3, 4, 5] and posed.cameras.names == ref.names
+    torch.testing.assert_close(posed.cameras.Ks, ref.Ks, rtol=0, atol=0)
+    torch.testing.assert_close(posed.cameras.viewmats, ref.viewmats, rtol=0, atol=0)
+    first = posed.images[2]
+    assert sorted(cache.rglob("*.png")) == [first] and first.read_bytes() == Path(ref_images[2]).read_bytes()
+    stamp = first.stat().st_mtime_ns
+    assert posed.images[2] == first and first.stat().st_mtime_ns == stamp  # made once

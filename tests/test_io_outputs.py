@@ -264,3 +264,31 @@ def test_a_new_name_next_to_the_inputs_is_fine(lifted, tmp_path, capsys):
         assert {k: v for k, v in after.items() if k != str(out)} == before
     finally:
         out.unlink(missing_ok=True)
+
+
+# ----------------------------------------------------------------------------- two inputs, one output name
+def test_distinct_names_and_a_render_of_two_images_of_one_name(tmp_path, capsys):
+    """Equal names (or equal but for case) get -<position>; a render of images/a/x.png and images/b/x.png writes
+    both views and says so (before: the second overwrote the first)."""
+    import json
+    import shutil
+
+    from fuzz.targets import seed_dir
+    from rh3dgs.io.outputs import distinct_names
+
+    assert distinct_names(["a", "b"]) == (["a", "b"], None)
+    names, note = distinct_names(["x", "X", "x", "x-2"], "views")
+    assert names == ["x", "X-1", "x-2_", "x-2"] and len({n.casefold() for n in names}) == 4 and "views" in note
+    data = tmp_path / "data"
+    shutil.copytree(seed_dir() / "data", data)
+    for sub in ("a", "b"):
+        (data / sub).mkdir()
+        shutil.copy(data / "img0.png", data / sub / "img0.png")
+    tj = json.loads((data / "transforms.json").read_text())
+    tj["frames"] = [{**tj["frames"][0], "file_path": f"{sub}/img0.png"} for sub in ("a", "b")]
+    (data / "transforms.json").write_text(json.dumps(tj))
+    assert main(["render", str(seed_dir() / "scene.ply"), "--transforms", str(data), "--output",
+                 str(tmp_path / "r")]) == 0
+    err = capsys.readouterr().err
+    assert "rh3dgs: warning: views named like an earlier one (img0) are written as img0-1" in err
+    assert sorted(p.name for p in (tmp_path / "r").glob("*_rgb.png")) == ["img0-1_rgb.png", "img0_rgb.png"]

@@ -708,7 +708,7 @@ def test_export_reads_the_same_in_gsply_splat_transform_and_plyfile(tmp_path):
 
     g = plain_scene(n=257)
     scene = Scene(g, SemanticField(g.latents, torch.nn.functional.normalize(torch.randn(8, 4), dim=0)))
-    p = scene.export_ply(tmp_path / "export.ply", mask=torch.arange(257) % 3 != 0)
+    p = scene.export_ply(tmp_path / "export.ply", mask=torch.arange(257) % 3 != 0, extra=True)
     ref = PlyData.read(str(p))["vertex"].data
     col = lambda *names: np.stack([np.asarray(ref[nm], np.float32) for nm in names], -1)  # noqa: E731
     expect = {"means": col("x", "y", "z"), "scales": col("scale_0", "scale_1", "scale_2"),
@@ -728,7 +728,7 @@ def test_export_reads_the_same_in_gsply_splat_transform_and_plyfile(tmp_path):
     for names in (("x", "y", "z"), ("scale_0", "scale_1", "scale_2"), ("opacity",), ("f_dc_0", "f_dc_1", "f_dc_2"),
                   tuple(f"f_rest_{i}" for i in range(45))):
         np.testing.assert_array_equal(np.stack([st[c] for c in names], -1), col(*names), err_msg=str(names[:3]))
-    # and rh3dgs reads it back: same fields, the label kept as a float column
+    # and rh3dgs reads it back: same fields, the label kept as a float column (extra=True)
     h = load_ply(p)
     assert_same_3dgs_fields(g[torch.arange(257) % 3 != 0], h)
     assert h.extra["class_id"].dtype == torch.float32
@@ -755,9 +755,9 @@ def test_real_splats_load(tmp_path, name, n, n_inf):
     src = REALDATA_SPLATS / name
     if not src.is_file():
         pytest.skip(f"real data not present ({src}); see shared/realdata/README.md")
-    if name.endswith(".compressed.ply"):
-        with pytest.raises(PlyFormatError, match="compressed"):
-            load_ply(src)
+    if name.endswith(".compressed.ply"):  # read as it is (gsply: tests/test_io_compressed.py), and as splat-transform
+        direct = load_ply(src)            # decompresses it to the INRIA layout, with +inf for fully opaque splats
+        assert len(direct) == n
         out = tmp_path / name.replace(".compressed", "")
         splat_transform(src, out)
         src = out
@@ -767,3 +767,29 @@ def test_real_splats_load(tmp_path, name, n, n_inf):
         assert int(torch.isinf(g.opacities).sum()) == n_inf and (g.opacities[torch.isinf(g.opacities)] > 0).all()
     finite = torch.isfinite(torch.cat([g.means, g.scales, g.quats, g.sh0.flatten(1), g.shN.flatten(1)], 1))
     assert finite.all()
+    if name.endswith(".compressed.ply"):
+        torch.testing.assert_close(g.means, direct.means, rtol=0, atol=1e-4)
+        torch.testing.assert_close(g.sh0, direct.sh0, rtol=0, atol=1e-4)
+
+
+def test_default_export_has_exactly_the_inria_properties(tmp_path):
+    """`rh3dgs export` / `select` / Scene.export_ply by default: exactly INRIA 3DGS's properties, in its order, all
+    float (normals 0 when the scene has none); class_id and the latents only on request."""
+    from rh3dgs.api import Scene
+    from rh3dgs.cli import main
+    from rh3dgs.field import SemanticField
+    from rh3dgs.io.scene import save_scene
+
+    g = plain_scene(n=50)
+    g.extra.pop("nx"), g.extra.pop("ny"), g.extra.pop("nz")
+    scene_dir = save_scene(tmp_path / "scene", g, SemanticField(g.latents, torch.nn.functional.normalize(
+        torch.randn(8, 4), dim=0)))
+    assert main(["export", str(scene_dir), "--output", str(tmp_path / "plain.ply")]) == 0
+    v = PlyData.read(str(tmp_path / "plain.ply"))["vertex"]
+    assert [p.name for p in v.properties] == ply_field_names(3, normals=True)
+    assert all(p.val_dtype in ("f4", "float32", "float") for p in v.properties), [p.val_dtype for p in v.properties]
+    assert not np.asarray(v.data["nx"]).any()
+    h = load_ply(tmp_path / "plain.ply")
+    assert_same_3dgs_fields(g, h)
+    with_extra = Scene(g).export_ply(tmp_path / "extra.ply", extra=True)
+    assert "class_id" in PlyData.read(str(with_extra))["vertex"].data.dtype.names

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from _scenes import random_lift_scene
+from _scenes import on_device, random_lift_scene
 from rh3dgs.errors import ConfigError, NonFiniteError
 from rh3dgs.lifting import LiftConfig, lift
 from rh3dgs.ops._ref import _ref_tile_contributions
@@ -55,10 +55,13 @@ def _explicit(gs, cams, maps, cfg):
 
 
 @pytest.mark.parametrize("method,use_vcd", [("robust", True), ("karcher", True), ("euclidean", True), ("robust", False)])
-def test_lift_matches_explicit_frechet_mean(method, use_vcd):
+def test_lift_matches_explicit_frechet_mean(method, use_vcd, device):
+    """The lift on each device present (CPU: recorded contributions replayed; CUDA: the aggregation kernel's traversal
+    with atomics) against the enumeration on CPU."""
     gs, cams, maps = _scene()
     cfg = LiftConfig(method=method, use_vcd=use_vcd, iters=60, tol=1e-6, tol_quantile=1.0, views_per_batch=3, latent_dim=4)
-    res = lift(gs, cams, maps, cfg, progress=False)
+    res = lift(gs.to(device), cams.to(device), maps.to(device), cfg, progress=False)
+    res = on_device(res, "cpu")
     mu, weight = _explicit(gs, cams, maps, cfg)
     torch.testing.assert_close(res.weight, weight, atol=1e-4, rtol=1e-4)
     ok = res.valid & (weight > 1e-3)

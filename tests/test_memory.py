@@ -67,6 +67,20 @@ def test_lift_estimate_counts_the_principal_subspace():
     assert sub.peak_bytes < full.peak_bytes
 
 
+def test_lift_estimate_of_one_rank():
+    """Over K processes the estimate is one rank's: its views' caches, the Gaussians its views see (bounded by N)
+    and the block of N / K it owns. Two ranks of one thread each against one process of two threads."""
+    one = lift_memory_estimate(1_000_000, 300, 64, 64, 64, threads=2)
+    two = lift_memory_estimate(1_000_000, 300, 64, 64, 64, threads=1, world_size=2)
+    assert two.cache == one.cache == "compact" and "owned_block" not in one.detail
+    assert two.detail["owned_block"] == 500_000 * (4 * 64 + 5) * 4
+    assert two.detail["gaussian_state"] == one.detail["gaussian_state"] + 1_000_000 * 59 * 4
+    assert 2 * two.detail["thread_accumulators"] == one.detail["thread_accumulators"]
+    full_cache = lambda e: e.cached_bytes - e.streaming_bytes  # noqa: E731  (150 views' instead of 300's)
+    assert full_cache(two) < 0.51 * full_cache(one)
+    assert lift_memory_estimate(1000, 8, 32, 32, 8, world_size=4).detail["batch_views"] == 2  # 8 views / 4 ranks
+
+
 def test_preflight_names_the_knob_that_fits():
     n, views, h, w, d = 100_000, 200, 256, 256, 64
     est = lift_memory_estimate(n, views, h, w, d)
@@ -184,3 +198,42 @@ def test_teacher_map_of_1e5_squared_stops_with_the_estimate(tmp_path):
         f.write(bytes(1024))
     rc, err, rss, secs = _run(["lift", data / "scene.ply", "--data", data, "--output", tmp_path / "out"])
     _assert_refused(rc, err, rss, secs, str(npy), "100000x100000x16 float16 feature map", "memory estimate")
+
+
+@pytest.mark.slow
+def test_small_files_claiming_big_sizes_stop_before_they_allocate(tmp_path):
+    """Issue 41's reads, each in its own process: a 512 MB teacher map in a ~0.5 MB .npz under --max-memory 512M,
+    a text_embeddings.npz and a scene's field.npz with a 1 GB member, a PNG whose header claims 40000x40000
+    (extract), synth --views 10000000: one line, peak RSS under 1 GB, within 60 s."""
+    import shutil
+
+    from _hostile import inflating_npz, png_claiming
+
+    data = _dataset(tmp_path / "d", 3, 64, 64)
+    (data / "features" / "a.npy").unlink()
+    inflating_npz(data / "features" / "a.npz", "features", (2048, 2048, 64), np.float16)  # 512 MB inflated
+    text = _dataset(tmp_path / "t", 3, 64, 64)
+    inflating_npz(text / "features" / "text_embeddings.npz", "red mug", (1 << 28,), np.float32)  # 1 GB
+    from fuzz.targets import seed_dir
+
+    scene = tmp_path / "scene"
+    shutil.copytree(seed_dir() / "scene", scene)
+    meta = json.loads((scene / "rh3dgs.json").read_text())
+    meta.pop("files")  # so that field.npz's own reader, not the checksum, meets the new file
+    (scene / "rh3dgs.json").write_text(json.dumps(meta))
+    inflating_npz(scene / "field.npz", "decoder", (1 << 14, 1 << 14), np.float32)  # 1 GB
+    png = _dataset(tmp_path / "p", 1, 8, 8)
+    png_claiming(png / "images" / "a.png", 40000, 40000)
+    cases = [
+        (["--max-memory", "512M", "lift", data / "scene.ply", "--data", data, "--output", tmp_path / "o1", "--frame",
+          "data"], ["a.npz", "2048x2048x64 float16", "memory estimate"]),
+        (["--max-memory", "512M", "lift", text / "scene.ply", "--data", text, "--output", tmp_path / "o2", "--frame",
+          "data"], ["text_embeddings.npz", "memory estimate"]),
+        (["--max-memory", "512M", "export", scene, "--output", tmp_path / "o3.ply"], ["field.npz", "memory estimate"]),
+        (["extract", "--data", png, "--teacher", "tiny-clip"], ["a.png", "decompression bomb"]),
+        (["synth", "--output", tmp_path / "o5", "--views", "10000000"], ["10000000"]),
+    ]
+    for argv, fragments in cases:
+        rc, err, rss, secs = _run(argv)
+        _assert_refused(rc, err, rss, secs, *fragments)
+        assert secs[0] < 60

@@ -76,15 +76,15 @@ def test_contrast_on_after_start_and_zero_before():
     colors = torch.rand(300, 1, generator=g).expand(-1, 3) * 0.3  # grey levels: LIC's appearance positives
     lat = torch.randn(300, 4, generator=g, requires_grad=True)
     dec = torch.linalg.qr(torch.randn(8, 4, generator=g))[0]
-    assert float(obj.contrast(2, lat, dec, means, colors=colors)) == 0.0
-    c = obj.contrast(6, lat, dec, means, colors=colors)
+    assert float(obj.lic_loss(2, lat, dec, means, colors=colors)) == 0.0
+    c = obj.lic_loss(6, lat, dec, means, colors=colors)
     assert float(c) > 0
     c.backward()
     assert lat.grad.abs().sum() > 0
     with pytest.raises(ConfigError, match="colours"):  # appearance positives need the Gaussians' colours
-        SemanticObjective(ObjectiveConfig(), 4, steps).contrast(0, lat, dec, means)
+        SemanticObjective(ObjectiveConfig(), 4, steps).lic_loss(0, lat, dec, means)
     off = SemanticObjective(ObjectiveConfig(use_lic=False), 4, steps)
-    assert float(off.contrast(6, lat, dec, means)) == 0.0
+    assert float(off.lic_loss(6, lat, dec, means)) == 0.0
 
 
 
@@ -102,7 +102,7 @@ def test_contrast_in_decoder_coordinates_equals_lic_on_the_decoded_features(form
     raw = (torch.randn(N, d, generator=g) * torch.rand(N, 1, generator=g) * 5).requires_grad_(True)
     lic_cfg = LICConfig.rh3dgs(warmup_steps=0, form=form, num_random_negatives=0 if form == "pull" else 16)
     obj = SemanticObjective(ObjectiveConfig(lic=lic_cfg), d, 10)
-    ours = obj.contrast(5, raw, dec, means, colors=colors)
+    ours = obj.lic_loss(5, raw, dec, means, colors=colors)
     ours.backward()
     ref_raw = raw.detach().clone().requires_grad_(True)
     ref = obj.cfg.lambda_con * LICLoss(lic_cfg)(F.normalize(ref_raw @ dec.T, dim=-1), 5, means=means, colors=colors)
@@ -165,3 +165,31 @@ def test_ray_spread_is_the_weighted_spread_of_the_composited_gaussians():
     assert float(got) == pytest.approx(float(ref.mean()), rel=1e-4)
     same = views.render(F.normalize(torch.ones(len(gs), 4), dim=-1), [0, 1])  # one feature everywhere: no spread
     assert abs(float(ray_spread(same, views.alpha, min_coverage=0.0))) < 1e-5
+
+
+@pytest.mark.parametrize("use_vfm,lambda_mean", [(True, 0.0), (True, 0.1), (False, 0.0)])
+def test_a_batch_split_with_its_totals_adds_up_to_the_whole_batch(use_vfm, lambda_mean):
+    """SemanticObjective.totals: the views of a batch scored apart, each divided by the whole batch's normalisers
+    (the distributed distillation's ranks), give the batch's loss and gradients."""
+    from rh3dgs.method.vfm import VFMConfig
+
+    g = torch.Generator().manual_seed(1)
+    lat, _, d1, d2 = _render_like(B=3, d=4, seed=2)
+    alpha = 0.3 + 0.7 * torch.rand(3, 16, 16, generator=g)  # some pixels below the ray term's coverage
+    teacher = F.normalize(torch.randn(3, 4, 4, 8, generator=g) + 1.0, dim=-1)
+    teacher[1, :2] = 0.0  # pixels without a feature
+    dec = torch.linalg.qr(torch.randn(8, 4, generator=g))[0]
+    vfm = VFMConfig(schedule="constant", delta_start=0.1, delta_end=0.1, lambda_mean=lambda_mean, min_region_pixels=1)
+    obj = SemanticObjective(ObjectiveConfig(use_vfm=use_vfm, vfm=vfm, use_lic=False), latent_dim=4, steps=10)
+    whole_lat = lat.clone().requires_grad_(True)
+    whole, _ = obj(0, whole_lat, alpha, d1, d2, dec, teacher)
+    whole.backward()
+    totals = sum(obj.totals(alpha[v:v + 1], d1[v:v + 1], d2[v:v + 1], teacher[v:v + 1]) for v in range(3))
+    parts_lat = lat.clone().requires_grad_(True)
+    shares = [obj(0, parts_lat[s], alpha[s], d1[s], d2[s], dec, teacher[s], totals=totals)[0]
+              for s in (slice(0, 2), slice(2, 3))]
+    sum(shares).backward()
+    torch.testing.assert_close(sum(shares), whole, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(parts_lat.grad, whole_lat.grad, rtol=1e-4, atol=1e-9)
+    alone = obj(0, lat[2:3], alpha[2:3], d1[2:3], d2[2:3], dec, teacher[2:3])[0]
+    assert abs(float(alone) - float(shares[1])) > 1e-4  # a view's own normalisers would not add up

@@ -7,7 +7,7 @@ from rh3dgs.data.synthetic import SceneConfig, make_scene
 from rh3dgs.data.teacher_sim import TeacherSimConfig, simulate_feature_maps
 from rh3dgs.distill import DistillConfig, distill
 from rh3dgs.errors import ConfigError
-from rh3dgs.method.objective import ObjectiveConfig, SemanticObjective, _pool
+from rh3dgs.method.objective import ObjectiveConfig, SemanticObjective
 from rh3dgs.method.selection import (SelectionConfig, _credit, check_loss, check_view_indices, select_field)
 from rh3dgs.rendering import fixed_views, render
 
@@ -47,7 +47,7 @@ def test_credit_is_the_compositing_weight_per_cell(scene_maps):
     want = torch.zeros(len(scene.gaussians))
     for j, v in enumerate([1, 5]):
         w = torch.from_numpy(views.matrices[v][0].toarray()).float().reshape(32, 32, -1)  # [H, W, N]
-        a = _pool(w.permute(2, 0, 1)[..., None], grid)[..., 0]  # [N, h, w]
+        a = SemanticObjective.pool(w.permute(2, 0, 1)[..., None], grid)[..., 0]  # [N, h, w]
         want += (a * M[j]).sum((1, 2))
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
@@ -96,3 +96,13 @@ def test_distill_holds_out_the_check_views_and_reports_the_selection(scene_maps)
         steps=12, latent_dim=4, objective=ObjectiveConfig(selection=sel)), init_lift=res.lift, views=views)
     assert [h["loss"] for h in again.history] == [h["loss"] for h in res.history]
     assert again.info["selection"]["check_loss"] != losses
+
+
+def test_distill_refuses_check_views_with_checkpoints(scene_maps, tmp_path):
+    """The check run's best step is not part of a checkpoint: a checkpointed run with the selection is one line,
+    before any work."""
+    scene, maps, views = scene_maps
+    cfg = DistillConfig(steps=4, latent_dim=4, objective=ObjectiveConfig(selection=SelectionConfig(check_fraction=0.25)))
+    with pytest.raises(ConfigError, match="objective.selection"):
+        distill(scene.gaussians, scene.cameras, maps, cfg, views=views, checkpoint=tmp_path / "ck")
+    assert not (tmp_path / "ck").exists()

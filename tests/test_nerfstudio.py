@@ -7,6 +7,7 @@ and reload the run with :func:`rh3dgs.io.nerfstudio_run.load_nerfstudio_scene`.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -22,7 +23,7 @@ import torch
 pytest.importorskip("nerfstudio")
 pytest.importorskip("gsplat")
 
-from rh3dgs.nerfstudio import METHOD_CONFIGS_ENV  # noqa: E402
+from rh3dgs.nerfstudio import METHOD_CONFIGS_ENV, METHOD_ENTRY_POINTS  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -32,7 +33,7 @@ def _ns_env() -> dict:
     NERFSTUDIO_METHOD_CONFIGS unless the entry point is installed."""
     env = dict(os.environ)
     names = set(entry_points(group="nerfstudio.method_configs").names)
-    if not {"rh3dgs", "rh3dgs-lite"} <= names:
+    if not {e.split("=")[0].strip() for e in METHOD_ENTRY_POINTS} <= names:
         env["NERFSTUDIO_METHOD_CONFIGS"] = METHOD_CONFIGS_ENV
     env.setdefault("OMP_NUM_THREADS", str(max(1, min(2, os.cpu_count() or 1))))
     return env
@@ -85,16 +86,32 @@ def pipeline(small_data, tmp_path_factory):
 def test_method_specifications():
     from nerfstudio.plugins.types import MethodSpecification
 
-    from rh3dgs.nerfstudio.config import rh3dgs_lite_method, rh3dgs_method
+    from rh3dgs.nerfstudio import config as nc
     from rh3dgs.nerfstudio.model import Rh3dgsModelConfig
+    from rh3dgs.nerfstudio.splatfacto_native import SplatfactoNativeModel, SplatfactoNativeModelConfig
 
-    for spec, name in ((rh3dgs_method, "rh3dgs"), (rh3dgs_lite_method, "rh3dgs-lite")):
+    for spec, name in ((nc.rh3dgs_method, "rh3dgs"), (nc.rh3dgs_lite_method, "rh3dgs-lite")):
         assert isinstance(spec, MethodSpecification)
         assert spec.config.method_name == name
         assert isinstance(spec.config.pipeline.model, Rh3dgsModelConfig)
         assert {"latents", "decoder", "means"} <= set(spec.config.optimizers)
-    assert rh3dgs_lite_method.config.max_num_iterations <= 1000
-    assert rh3dgs_method.config.pipeline.model.use_absgrad is False
+    assert nc.rh3dgs_lite_method.config.max_num_iterations <= 1000
+    assert nc.rh3dgs_method.config.pipeline.model.use_absgrad is False
+    # the plain twins: the same schedules, splatfacto's model and optimizer groups only
+    for plain, ours in ((nc.splatfacto_native_method, nc.rh3dgs_method),
+                        (nc.splatfacto_native_lite_method, nc.rh3dgs_lite_method)):
+        model = plain.config.pipeline.model
+        assert type(model) is SplatfactoNativeModelConfig and model._target is SplatfactoNativeModel
+        assert plain.config.method_name == ours.config.method_name.replace("rh3dgs", "splatfacto-native")
+        assert set(plain.config.optimizers) == set(ours.config.optimizers) - {"latents", "decoder", "background_latent"}
+        assert plain.config.max_num_iterations == ours.config.max_num_iterations
+        for f in dataclasses.fields(SplatfactoNativeModelConfig):
+            assert getattr(model, f.name) == getattr(ours.config.pipeline.model, f.name) or f.name == "_target", f.name
+    # every method is registered by setup.py's entry points and by the environment variable
+    setup_py = (Path(__file__).resolve().parents[1] / "setup.py").read_text()
+    for entry in METHOD_ENTRY_POINTS:
+        assert f'"{entry}"' in setup_py, entry
+        assert entry.replace(" ", "") in METHOD_CONFIGS_ENV.split(",")
 
 
 @pytest.mark.slow
@@ -103,6 +120,10 @@ def test_ns_train_help():
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "latent-dim" in r.stdout and "lambda-sem" in r.stdout
+    r = subprocess.run([str(VENV_BIN / "ns-train"), "splatfacto-native-lite", "--help"], env=_ns_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "max-init-points" in r.stdout and "latent-dim" not in r.stdout
 
 
 # ---------------------------------------------------------------------------- model pieces
@@ -165,6 +186,63 @@ def test_train_step_outputs_losses_and_strategy_info(pipeline):
     assert m.objective.background.grad is not None and m.objective.background.grad.abs().sum() > 0
     m.strategy._update_state(m.gauss_params, m.strategy_state, info, packed=False)
     assert m.strategy_state["grad2d"].shape == (m.num_points,)
+    opt.zero_grad_all()
+
+
+def test_one_training_step_on_each_device(pipeline, device):
+    """One rh3dgs-lite step as nerfstudio's trainer runs it (forward, losses, backward, optimizer step, the
+    densification callback) on each device present. CPU: the module's pipeline. CUDA: a pipeline built on the GPU
+    (its semantic init: the lift on CUDA) holding the CPU model's state, whose outputs, RGB and semantic losses and
+    gradients match the CPU step's on the same view (values within 1e-4 relative, gradients 1e-3 of the largest)."""
+    from nerfstudio.engine.callbacks import TrainingCallbackAttributes, TrainingCallbackLocation
+    from nerfstudio.engine.optimizers import Optimizers
+
+    pipe, opt = pipeline
+    ref = pipe.model
+    ref.train()
+    if device.type == "cpu":
+        model, optimizers = ref, opt
+    else:
+        c = _lite(pipe.datamanager.config.data, Path(pipe.datamanager.config.teacher_cache_dir).parent)
+        c.pipeline.model.max_init_points = 1500
+        dev_pipe = c.pipeline.setup(device=str(device), test_mode="val")
+        model = dev_pipe.model
+        model.load_state_dict({k: v.to(device) for k, v in ref.state_dict().items()})
+        model.train()
+        optimizers = Optimizers(c.optimizers, dev_pipe.get_param_groups())
+        model.optimizers = optimizers.optimizers
+        assert model.means.device.type == device.type and model.num_points == ref.num_points
+    model.step = ref.step = 200
+    cam, batch = pipe.datamanager.next_train(ref.step)
+    runs = []
+    for m in ([ref, model] if model is not ref else [ref]):
+        out = m(cam.to(m.device))
+        losses = m.get_loss_dict(out, batch, m.get_metrics_dict(out, batch))
+        keep = [k for k in losses if k != "lic_loss"]  # LIC samples its anchors from the device's generator
+        loss = sum(losses[k] for k in keep) + losses["lic_loss"]
+        assert torch.isfinite(loss)
+        loss.backward()
+        runs.append(({k: losses[k].detach().cpu() for k in keep}, {k: out[k].detach().cpu() for k in ("rgb", "latents")},
+                     {k: m.gauss_params[k].grad.cpu() for k in ("means", "latents", "opacities")},
+                     m.decoder.grad.cpu()))
+    if len(runs) == 2:
+        (l_ref, o_ref, g_ref, d_ref), (l_dev, o_dev, g_dev, d_dev) = runs
+        for k in l_ref:
+            assert abs(float(l_dev[k] - l_ref[k])) <= 1e-4 * max(1.0, abs(float(l_ref[k]))), k
+        for k in o_ref:
+            assert (o_dev[k] - o_ref[k]).abs().max() <= 1e-4, k
+        for k, g in list(g_ref.items()) + [("decoder", d_ref)]:
+            other = d_dev if k == "decoder" else g_dev[k]
+            assert g.abs().max() > 0 and (other - g).abs().max() <= 1e-3 * g.abs().max(), k
+    n = model.num_points
+    assert model.latents.grad.abs().sum() > 0 and model.means.grad.abs().sum() > 0
+    optimizers.optimizer_step_all()
+    attrs = TrainingCallbackAttributes(optimizers=optimizers, grad_scaler=None, pipeline=None, trainer=None)
+    for cb in model.get_training_callbacks(attrs):
+        if TrainingCallbackLocation.AFTER_TRAIN_ITERATION in cb.where_to_run:
+            cb.run_callback_at_location(model.step, TrainingCallbackLocation.AFTER_TRAIN_ITERATION)
+    assert model.latents.shape[0] == model.means.shape[0] == model.num_points and model.num_points >= n // 2
+    optimizers.zero_grad_all()
     opt.zero_grad_all()
 
 

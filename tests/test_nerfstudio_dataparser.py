@@ -245,3 +245,95 @@ def test_ns_train_lite_with_open3d_unimportable(data, tmp_path):
     seeds = Rh3dgsDataParserConfig(data=data).setup().get_dataparser_outputs("train").metadata["points3D_xyz"]
     assert means.shape == (min(len(seeds), 4000), 3)
     assert torch.cdist(means, seeds, compute_mode="donot_use_mm_for_euclid_dist").min(1).values.max() < 1e-3  # on the seed points after 3 small steps
+
+
+# ---------------------------------------------------------------------------- real captures: rh3dgs's image rule
+def _capture(data: Path, root: Path, *, drop: int = 0, k1: float = 0.0) -> Path:
+    """A copy of ``data`` as a phone capture: the first ``drop`` frames' images deleted, OpenCV distortion ``k1``,
+    no seed points."""
+    import shutil
+
+    shutil.copytree(data, root)
+    tf = json.loads((root / "transforms.json").read_text())
+    tf.pop("ply_file_path", None)
+    if k1:
+        tf.update(k1=k1, k2=0.0, p1=0.0, p2=0.0)
+        tf.pop("camera_model", None)  # instant-ngp writes none
+    (root / "transforms.json").write_text(json.dumps(tf))
+    for fr in tf["frames"][:drop]:
+        (root / fr["file_path"]).unlink()
+    return root
+
+
+def test_dataparser_missing_images_one_error_or_skipped(data, tmp_path, capsys):
+    """Missing images: one CameraFormatError naming transforms.json and the option; skip_missing_images leaves
+    those frames out (what `rh3dgs extract --skip-missing-images` does)."""
+    from rh3dgs.errors import CameraFormatError
+
+    root = _capture(data, tmp_path / "cap", drop=2)
+    with pytest.raises(CameraFormatError, match=r"transforms\.json \[frames\[0\]\.file_path\]: 2 of 6 images not "
+                                                 r"found: .*nerfstudio-data --skip-missing-images True"):
+        Rh3dgsDataParserConfig(data=root).setup().get_dataparser_outputs("train")
+    parser = Rh3dgsDataParserConfig(data=root, skip_missing_images=True, eval_mode="all").setup()
+    out = parser.get_dataparser_outputs("train")
+    assert "skipping 2 of 6 frames whose images are missing" in " ".join(capsys.readouterr().out.split())
+    assert [p.stem for p in out.image_filenames] == ["frame_00002", "frame_00003", "frame_00004", "frame_00005"]
+    assert all(p.is_file() for p in out.image_filenames)
+
+
+def test_dataparser_undistorts_and_downscales_like_load_transforms(data, tmp_path):
+    """A distorted capture at downscale 2 without images_2: nerfstudio's cameras are the pinhole cameras of
+    rh3dgs's undistorted, resized images (load_transforms'), with no distortion left for nerfstudio to apply."""
+    from rh3dgs.io.transforms import load_transforms
+
+    root = _capture(data, tmp_path / "cap", k1=-0.05)
+    out = Rh3dgsDataParserConfig(data=root, downscale_factor=2, eval_mode="all").setup().get_dataparser_outputs("train")
+    cams, images = load_transforms(root, downscale=2, progress=False)
+    assert [Path(p).resolve() for p in out.image_filenames] == [Path(p).resolve() for p in images]
+    assert all(p.suffix == ".png" and ".rh3dgs_cache" in p.parts for p in out.image_filenames)
+    c = out.cameras
+    assert c.distortion_params is None or float(c.distortion_params.abs().max()) == 0.0
+    assert int(c.width[0]) == cams.width < 16 and int(c.height[0]) == cams.height
+    torch.testing.assert_close(c.fx[:, 0], cams.Ks[:, 0, 0], rtol=1e-6, atol=0)
+    torch.testing.assert_close(c.cy[:, 0], cams.Ks[:, 1, 2], rtol=1e-6, atol=0)
+    assert "points3D_xyz" not in out.metadata  # no seed points: the model starts from random Gaussians
+
+
+def test_dataparser_plain_dataset_is_read_by_nerfstudio_as_is(data):
+    """Pinhole, every image there, full size: nerfstudio's own outputs (no derived file, the dataset's paths)."""
+    out = Rh3dgsDataParserConfig(data=data).setup().get_dataparser_outputs("train")
+    assert all(p.parent == data / "images" for p in out.image_filenames)
+
+
+def test_ns_train_input_error_is_one_line_and_leaves_no_run_folder(data, tmp_path):
+    """`ns-train rh3dgs-lite` on a capture with missing images: exit code != 0, one `ns-train: error:` line naming
+    transforms.json and the option, no traceback, and no run folder (nerfstudio writes config.yml before set-up)."""
+    root = _capture(data, tmp_path / "cap", drop=1)
+    out = tmp_path / "outputs"
+    cmd = [str(VENV_BIN / "ns-train"), "rh3dgs-lite", "--machine.device-type", "cpu", "--vis", "tensorboard",
+           "--output-dir", str(out), "--max-num-iterations", "2", "--data", str(root)]
+    r = subprocess.run(cmd, env=_ns_env(), capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr + r.stdout, r.stderr[-3000:]
+    errors = [line for line in r.stderr.splitlines() if line.startswith("ns-train: error:")]
+    assert len(errors) == 1 and "transforms.json [frames[0].file_path]: 1 of 6 images not found" in errors[0], r.stderr
+    assert "--skip-missing-images True" in errors[0]
+    assert not out.exists(), sorted(out.rglob("*"))
+
+
+def test_automatic_downscale_is_nerfstudios(tmp_path):
+    """nerfstudio_downscale (the data parser's and rh3dgs.load's factor) is nerfstudio 1.1.5's rule: halve while
+    over 1600 px and an images_2^k copy of the first frame exists; never resizing by itself."""
+    from nerfstudio.data.dataparsers.nerfstudio_dataparser import MAX_AUTO_RESOLUTION
+
+    from rh3dgs.io.transforms import NERFSTUDIO_MAX_AUTO_RESOLUTION, nerfstudio_downscale
+
+    assert NERFSTUDIO_MAX_AUTO_RESOLUTION == MAX_AUTO_RESOLUTION
+    eye = [[1.0, 0, 0, 0], [0, 1.0, 0, 0], [0, 0, 1.0, 0], [0, 0, 0, 1.0]]
+    (tmp_path / "transforms.json").write_text(json.dumps(
+        {"fl_x": 3000.0, "w": 4000, "h": 3000, "frames": [{"file_path": "images/a.jpg", "transform_matrix": eye}]}))
+    assert nerfstudio_downscale(tmp_path) == 1  # no images_2: nerfstudio keeps the full size
+    for k in (2, 4):
+        (tmp_path / f"images_{k}").mkdir()
+        (tmp_path / f"images_{k}" / "a.jpg").write_bytes(b"")
+    assert nerfstudio_downscale(tmp_path) == 4 and nerfstudio_downscale(tmp_path, 2) == 2

@@ -1,10 +1,13 @@
-"""rh3dgs.nerfstudio.splatfacto_native: splatfacto on rh3dgs's rasterizer, and ``semantics=False`` building exactly it.
+"""rh3dgs.nerfstudio.splatfacto_native: splatfacto on rh3dgs's rasterizer, pinned to the nerfstudio it was copied
+from, and ``semantics=False`` building exactly it.
 
 Models are built directly from their configs on a small random seed cloud (no dataset): the base
 class against splatfacto's own camera maths and against :func:`rh3dgs.rendering.render`, and the
 semantic model as the base class plus latents and decoder (same RGB from the same Gaussians).
 """
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -17,6 +20,8 @@ from nerfstudio.data.scene_box import SceneBox  # noqa: E402
 
 from rh3dgs.nerfstudio.model import Rh3dgsModel, Rh3dgsModelConfig  # noqa: E402
 from rh3dgs.nerfstudio.splatfacto_native import (  # noqa: E402
+    NERFSTUDIO_VERSION,
+    SPLATFACTO_SOURCES,
     SplatfactoNativeModel,
     SplatfactoNativeModelConfig,
     viewmat_from_c2w,
@@ -56,7 +61,58 @@ def test_viewmat_is_splatfactos_get_viewmat_without_compile():
     assert torch.equal(viewmat_from_c2w(c2w), orig(c2w))
 
 
+def _upstream_source(name: str) -> str:
+    """The source text of ``name`` ("get_viewmat", "SplatfactoModel.get_outputs") in the installed nerfstudio's
+    ``models/splatfacto.py`` (read from the file: ``get_viewmat`` is ``torch.compile``-d)."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    src = Path(importlib.util.find_spec("nerfstudio.models.splatfacto").origin).read_text()
+    body, node = ast.parse(src).body, None
+    for part in name.split("."):
+        node = next((n for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part), None)
+        assert node is not None, f"nerfstudio's splatfacto has no {name} any more"
+        body = node.body
+    return ast.get_source_segment(src, node)
+
+
+@pytest.mark.parametrize("name", sorted(SPLATFACTO_SOURCES))
+def test_copied_splatfacto_methods_are_pinned_to_their_nerfstudio(name):
+    """An upgraded nerfstudio says which of splatfacto's methods changed under the copies and wrappers here."""
+    import hashlib
+    from importlib.metadata import version
+
+    digest, where = SPLATFACTO_SOURCES[name]
+    now = hashlib.sha256(_upstream_source(name).encode()).hexdigest()[:16]
+    assert now == digest, (f"nerfstudio {version('nerfstudio')}'s splatfacto {name} is not the one of nerfstudio "
+                           f"{NERFSTUDIO_VERSION} ({where}): re-copy it, then update SPLATFACTO_SOURCES")
+    assert version("nerfstudio") == NERFSTUDIO_VERSION
+
+
+def test_building_a_model_starts_nothing(monkeypatch):
+    """populate_modules only builds modules: the viewer's guard is installed by the pipeline."""
+    from rh3dgs.nerfstudio import viewer
+    from rh3dgs.viewer import guard
+
+    calls = []
+    monkeypatch.setattr(guard, "install", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(viewer, "install_viewer_guard", lambda *a, **k: calls.append(a))
+    _build(SplatfactoNativeModelConfig())
+    _build(Rh3dgsModelConfig(latent_dim=4))
+    assert not calls
+
+
 def test_semantics_false_builds_exactly_the_base_class():
+    import yaml
+
+    assert Rh3dgsModelConfig(semantics=False)._target is SplatfactoNativeModel  # what setup() builds
+    assert Rh3dgsModelConfig()._target is Rh3dgsModel
+    assert dataclasses.replace(Rh3dgsModelConfig(semantics=False), semantics=True)._target is Rh3dgsModel
+    # a run's config.yml written with semantics off before it set _target (read back by ns-eval, ns-viewer)
+    text = yaml.dump(Rh3dgsModelConfig()).replace("semantics: true", "semantics: false")
+    assert "_target: !!python/name:rh3dgs.nerfstudio.model.Rh3dgsModel" in text
+    assert yaml.load(text, Loader=yaml.Loader)._target is SplatfactoNativeModel
     base = _build(Rh3dgsModelConfig(semantics=False))
     sem = _build(Rh3dgsModelConfig())
     plain = _build(SplatfactoNativeModelConfig())

@@ -236,6 +236,19 @@ def test_unknown_query_reports_instead_of_raising(pipe, panel):
     assert panel.q6_status.content.startswith("**Query error**") and "no such thing" in panel.q6_status.content
 
 
+def test_threshold_outside_its_range_is_refused_and_reset(pipe, panel, capsys):
+    """A slider value the GUI does not offer (a crafted message): one line, the last good state is kept."""
+    panel.q3_threshold.value = 0.3
+    assert panel.state().threshold == 0.3
+    capsys.readouterr()
+    panel.q3_threshold.value = 5.0
+    st = panel.state()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert st.threshold == 0.3 and panel.q3_threshold.value == 0.3
+    assert len(err) == 1 and err[0].startswith("rh3dgs: viewer: ignored") and "threshold" in err[0], err
+    panel.q3_threshold.value = 0.5
+
+
 def test_live_viewer_follows_the_training_field(pipe, panel):
     """During training the field changes every step: the panel's controls (per-Gaussian relevancy and
     selection) are rebuilt, the text encodings are not re-run."""

@@ -1,10 +1,15 @@
-"""Native per-Gaussian spherical aggregation vs explicit enumeration of all contributions."""
+"""Native per-Gaussian spherical aggregation vs explicit enumeration of all contributions.
+
+The traversal op runs on every device present (CUDA: csrc/cuda/aggregate.cu, per-Gaussian sums by atomics, held to
+the same reference and bounds: float32 sums of a few hundred terms of size <= 2, in any order, are within 1e-4); the
+recording and its replay are CPU ops (the lift replays only on CPU).
+"""
 import math
 
 import pytest
 import torch
 
-from _scenes import random_projected
+from _scenes import on_device, random_projected
 from rh3dgs.errors import ShapeError
 from rh3dgs.ops import aggregate_sphere
 from rh3dgs.ops._ref import _ref_aggregate_sphere
@@ -22,10 +27,12 @@ def _inputs(B=2, N=70, D=12, W=40, H=31, seed=0):
 
 @pytest.mark.parametrize("D", [12, 128])  # the generic kernel; the compiled one of the CLIP-sized lift's subspace
 @pytest.mark.parametrize("mode,delta", [("init", math.inf), ("irls", math.inf), ("irls", 0.3), ("irls", 1e-3)])
-def test_aggregate_matches_enumeration(mode, delta, D):
+def test_aggregate_matches_enumeration(mode, delta, D, device):
     s, feats, weights, mu = _inputs(D=D)
     args = (s["means2d"], s["conics"], s["opacities"], feats, weights)
-    nat = aggregate_sphere(*args, s["isect_offsets"], s["flatten_ids"], s["tile_size"], mu=mu, delta=delta, mode=mode)
+    nat = aggregate_sphere(*on_device(args, device), s["isect_offsets"].to(device), s["flatten_ids"].to(device),
+                           s["tile_size"], mu=mu.to(device), delta=delta, mode=mode)
+    nat = on_device(nat, "cpu")
     ref = _ref_aggregate_sphere(*args, mu, delta, 0 if mode == "init" else 1, s["tile_size"], s["isect_offsets"],
                                 s["flatten_ids"])
     for a, b, name in zip(nat, ref, ("acc_w", "acc_v", "acc_raw")):
@@ -36,13 +43,14 @@ def test_aggregate_matches_enumeration(mode, delta, D):
         assert (nat[1] * mu).sum(-1).abs().max() < 1e-4
 
 
-def test_one_irls_step_moves_toward_the_data():
+def test_one_irls_step_moves_toward_the_data(device):
     """Single Gaussian covering a pixel patch whose features all equal a target v: the mean converges to v."""
     s, _, weights, _ = _inputs(B=1, N=70, D=6, seed=4)
-    target = torch.nn.functional.normalize(torch.tensor([1.0, 2.0, -1.0, 0.5, 0.0, 0.3]), dim=0)
+    target = torch.nn.functional.normalize(torch.tensor([1.0, 2.0, -1.0, 0.5, 0.0, 0.3]), dim=0).to(device)
     feats = target.expand(1, 31, 40, 6).contiguous()
-    args = (s["means2d"], s["conics"], s["opacities"], feats, torch.ones(1, 31, 40), s["isect_offsets"],
-            s["flatten_ids"], s["tile_size"])
+    args = (*on_device((s["means2d"], s["conics"], s["opacities"]), device), feats,
+            torch.ones(1, 31, 40, device=device), *on_device((s["isect_offsets"], s["flatten_ids"]), device),
+            s["tile_size"])
     w, v, raw = aggregate_sphere(*args, mode="init")
     mu = torch.nn.functional.normalize(v, dim=-1)
     hit = raw > 0

@@ -138,3 +138,84 @@ def test_cuda_wrappers_match_the_torch_ones():  # pragma: no cover - CPU machine
     dirs, coeffs = torch.randn(n, 3, generator=g), torch.randn(n, 16, 3, generator=g)
     torch.testing.assert_close(gs.spherical_harmonics_cuda(3, dirs.cuda(), coeffs.cuda()).cpu(),
                                gs.spherical_harmonics_torch(3, dirs, coeffs), atol=1e-5, rtol=1e-5)
+
+
+# A CPU run in which importing gsplat's CUDA backend (which JIT-builds gsplat's extension when nvcc is on PATH) or any
+# torch JIT build raises; it renders (RGB + features, backward), lifts, trains rh3dgs-lite through nerfstudio's own
+# train entry (its densification included), evaluates, and checks the guard is live.
+_NO_BUILD_SCRIPT = r'''
+import importlib.abc, sys, traceback
+from pathlib import Path
+
+class NoGsplatBuild(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "gsplat.cuda._backend":
+            raise RuntimeError("gsplat's CUDA backend imported on a CPU path:\n" + "".join(traceback.format_stack()))
+        return None
+
+sys.meta_path.insert(0, NoGsplatBuild())
+import torch.utils.cpp_extension as cpp
+
+def no_jit(*a, **k):
+    raise RuntimeError("a torch JIT build started on a CPU path:\n" + "".join(traceback.format_stack()))
+
+cpp.load = cpp.load_inline = cpp._jit_compile = no_jit
+
+import torch
+work = Path(sys.argv[1])
+sys.path.insert(0, sys.argv[2])
+from _scenes import random_lift_scene
+from rh3dgs import render
+from rh3dgs.lifting import LiftConfig, lift
+
+gs, cams, maps = random_lift_scene(300, 3, 32, 8, seed=0)
+gs.means.requires_grad_(True)
+f = torch.randn(len(gs), 4, requires_grad=True)
+r = render(gs, cams, f)
+(r.rgb.sum() + r.features.sum()).backward()
+assert gs.means.grad.abs().sum() > 0
+res = lift(gs.to("cpu"), cams, maps, LiftConfig(latent_dim=4), progress=False)
+assert res.valid.any()
+
+from rh3dgs.data.synthetic import SceneConfig, make_scene, write_dataset
+from rh3dgs.data.teacher_sim import simulate_teacher
+from rh3dgs.nerfstudio.config import rh3dgs_lite_config
+from nerfstudio.scripts.train import main as ns_train
+
+write_dataset(make_scene(SceneConfig(num_views=8, image_size=32, gaussians_per_unit_area=800.0)), work / "data",
+              progress=False)
+simulate_teacher(work / "data", progress=False)
+c = rh3dgs_lite_config()
+c.pipeline.datamanager.data = work / "data"
+c.pipeline.datamanager.teacher_cache_dir = work / "cache"
+c.output_dir, c.vis, c.machine.device_type = work / "out", "tensorboard", "cpu"
+c.max_num_iterations = c.steps_per_save = 6
+c.viewer.quit_on_train_completion = True
+m = c.pipeline.model
+m.warmup_length, m.refine_every, m.max_init_points = 2, 2, 1500  # densification inside the 6 steps
+ns_train(c)
+try:
+    import gsplat.cuda._backend  # noqa: F401
+except RuntimeError as exc:
+    assert "CPU path" in str(exc)
+else:
+    raise AssertionError("the guard did not stop an import of gsplat's CUDA backend")
+print("NO GSPLAT BUILD")
+'''
+
+
+@pytest.mark.slow
+def test_cpu_paths_start_no_gsplat_build(tmp_path):
+    """Render, lift and ``rh3dgs-lite`` training (nerfstudio's train entry: forward, losses, backward, the optimizers,
+    densification) on CPU import neither gsplat's CUDA backend, whose import JIT-builds gsplat's kernels where nvcc is
+    found (and cannot work for CPU tensors), nor start any torch JIT build."""
+    import os
+    from pathlib import Path
+
+    pytest.importorskip("nerfstudio")
+    tests = Path(__file__).resolve().parent
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="2",
+               PYTHONPATH=os.pathsep.join([str(tests.parent), os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", _NO_BUILD_SCRIPT, str(tmp_path), str(tests)], capture_output=True,
+                       text=True, timeout=600, env=env, cwd=tmp_path)
+    assert r.returncode == 0 and "NO GSPLAT BUILD" in r.stdout, (r.stdout[-2000:], r.stderr[-6000:])

@@ -1,4 +1,5 @@
-"""rh3dgs.ops.guided_upsample: the native CPU kernel against its torch reference (values), and its errors."""
+"""rh3dgs.ops.guided_upsample: the native CPU kernel (CUDA: the reference on the device) against its torch reference on
+CPU (values), on every device present, and its errors."""
 import pytest
 import torch
 
@@ -9,7 +10,7 @@ from rh3dgs.ops._ref import _cell_colors, _ref_guided_upsample
 
 @pytest.mark.parametrize("h, w, H, W, D, radius", [(16, 16, 128, 128, 64, 1), (5, 7, 37, 50, 8, 2),
                                                    (4, 6, 16, 24, 128, 1), (3, 3, 3, 3, 4, 1), (2, 9, 11, 40, 5, 0)])
-def test_guided_upsample_matches_the_reference(h, w, H, W, D, radius):
+def test_guided_upsample_matches_the_reference(h, w, H, W, D, radius, device):
     g = torch.Generator().manual_seed(h * 100 + w)
     m = torch.nn.functional.normalize(torch.randn(h, w, D, generator=g) + 0.5, dim=-1)
     m[0, 0] = 0.0  # a cell without a feature carries no weight
@@ -17,7 +18,7 @@ def test_guided_upsample_matches_the_reference(h, w, H, W, D, radius):
     guide = (torch.randint(0, 3, (H, W, 1), generator=g) * 0.4 + 0.02 * torch.rand(H, W, 3, generator=g)).clamp(0, 1)
     guide[H // 2, W // 2] = torch.tensor([5.0, -5.0, 5.0])
     for sc, ss in ((0.05, 0.75), (0.3, 1.5)):
-        out = guided_upsample(m, guide, sigma_color=sc, sigma_space=ss, radius=radius)
+        out = guided_upsample(m.to(device), guide.to(device), sigma_color=sc, sigma_space=ss, radius=radius).cpu()
         ref = _ref_guided_upsample(m, guide, _cell_colors(guide, h, w), sc, ss, radius, 1e-8)
         assert out.shape == (H, W, D) and out.dtype == torch.float32
         assert torch.allclose(out, ref, atol=2e-6), float((out - ref).abs().max())

@@ -1,9 +1,12 @@
-"""Native LIC ops (InfoNCE, pull) vs their torch references (values and gradients), and their input checks."""
+"""Native LIC ops (InfoNCE, pull) vs their torch references (values and gradients), and their input checks, on every
+device present (CUDA: csrc/cuda/lic.cu for the InfoNCE, whose backward scatters with atomics; the pull form's
+reference on the device; the same tolerances, which bound float32 sums in any order)."""
 import math
 
 import pytest
 import torch
 
+from _scenes import on_device
 from rh3dgs.errors import ShapeError
 from rh3dgs.ops import lic_infonce, lic_pull
 from rh3dgs.ops._ref import _ref_lic_infonce, _ref_lic_pull
@@ -34,37 +37,39 @@ def random_case(N, d, A, M, R, seed):
 
 @pytest.mark.parametrize("N,d,A,M,R,tau", [(500, 16, 64, 16, 64, 0.1), (300, 5, 40, 7, 9, 0.5), (200, 64, 30, 16, 8, 0.07),
                                            (50, 16, 20, 4, 0, 1.0)])
-def test_native_matches_reference_values_and_gradients(N, d, A, M, R, tau):
+def test_native_matches_reference_values_and_gradients(N, d, A, M, R, tau, device):
     x, anchors, cand, kinds = random_case(N, d, A, M, R, seed=N + d)
-    xa = x.clone().requires_grad_(True)
+    xa = x.to(device).clone().requires_grad_(True)
     xb = x.double().requires_grad_(True)
-    out = lic_infonce(xa, anchors, cand, kinds, tau)
+    out = lic_infonce(xa, *on_device((anchors, cand, kinds), device), tau)
     ref = _ref_lic_infonce(xb, anchors, cand, kinds, tau)  # float64 torch
-    assert out.dtype == torch.float32 and out.shape == (A,)
-    assert torch.allclose(out.double(), ref, atol=2e-5, rtol=1e-5)
+    assert out.dtype == torch.float32 and out.shape == (A,) and out.device == xa.device
+    assert torch.allclose(out.double().cpu(), ref, atol=2e-5, rtol=1e-5)
     assert out[4] == 0 and out[6] == 0
     w = torch.rand(A, generator=torch.Generator().manual_seed(1)).double()
-    (out.double() * w).sum().backward()
+    (out.double() * w.to(device)).sum().backward()
     (ref * w).sum().backward()
-    assert torch.allclose(xa.grad.double(), xb.grad, atol=1e-4, rtol=1e-4)
+    assert torch.allclose(xa.grad.double().cpu(), xb.grad, atol=1e-4, rtol=1e-4)
     assert xa.grad[3].abs().sum() > 0  # the zero row (anchor 0, candidate of anchor 8) gets a gradient
 
 
-def test_native_matches_float32_reference_in_the_lic_setting():
-    """The bench setting (50k rows, 1024 anchors, 16 + 64 candidates) against the torch float32 formula."""
+def test_native_matches_float32_reference_in_the_lic_setting(device):
+    """The bench setting (50k rows, 1024 anchors, 16 + 64 candidates) against the torch float32 formula (on CPU)."""
     x, anchors, cand, kinds = random_case(50_000, 16, 1024, 16, 64, seed=7)
-    xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
-    out, ref = lic_infonce(xa, anchors, cand, kinds, 0.1), _ref_lic_infonce(xb, anchors, cand, kinds, 0.1)
-    assert torch.allclose(out, ref, atol=1e-5, rtol=1e-5)
+    xa, xb = x.to(device).clone().requires_grad_(True), x.clone().requires_grad_(True)
+    out = lic_infonce(xa, *on_device((anchors, cand, kinds), device), 0.1)
+    ref = _ref_lic_infonce(xb, anchors, cand, kinds, 0.1)
+    assert torch.allclose(out.cpu(), ref, atol=1e-5, rtol=1e-5)
     out.mean().backward()
     ref.mean().backward()
-    assert torch.allclose(xa.grad, xb.grad, atol=1e-6, rtol=1e-4)
+    assert torch.allclose(xa.grad.cpu(), xb.grad, atol=1e-6, rtol=1e-4)
 
 
-def test_value_by_hand_and_deterministic_gradient():
-    x = torch.tensor([[1.0, 0.0], [math.cos(0.3), math.sin(0.3)], [0.0, 2.0]], requires_grad=True)
-    anchors, cand = torch.tensor([0]), torch.tensor([[1, 2, -1]])
-    kinds = torch.tensor([[2, 1, 0]], dtype=torch.uint8)
+def test_value_by_hand_and_deterministic_gradient(device):
+    """(One term per gradient row: bit-identical on CUDA too.)"""
+    x = torch.tensor([[1.0, 0.0], [math.cos(0.3), math.sin(0.3)], [0.0, 2.0]], device=device, requires_grad=True)
+    anchors, cand = torch.tensor([0], device=device), torch.tensor([[1, 2, -1]], device=device)
+    kinds = torch.tensor([[2, 1, 0]], dtype=torch.uint8, device=device)
     out = lic_infonce(x, anchors, cand, kinds, 0.5)
     s1, s2 = math.cos(0.3) / 0.5, 0.0
     assert float(out.detach()) == pytest.approx(-math.log(math.exp(s1) / (math.exp(s1) + math.exp(s2))), rel=1e-6)
@@ -75,11 +80,12 @@ def test_value_by_hand_and_deterministic_gradient():
     assert torch.equal(x.grad, g1)
 
 
-def test_bad_indices_and_shapes_are_rejected():
-    x = torch.randn(10, 4)
-    anchors, cand = torch.tensor([0, 1]), torch.tensor([[2, 3], [4, 10]])
-    kinds = torch.tensor([[2, 1], [2, 1]], dtype=torch.uint8)
-    with pytest.raises(RuntimeError, match="outside"):
+def test_bad_indices_and_shapes_are_rejected(device):
+    """The CPU kernel's own check (RuntimeError) and, off the CPU, the Python entry's (ShapeError): the same words."""
+    x = torch.randn(10, 4, device=device)
+    anchors, cand = torch.tensor([0, 1], device=device), torch.tensor([[2, 3], [4, 10]], device=device)
+    kinds = torch.tensor([[2, 1], [2, 1]], dtype=torch.uint8, device=device)
+    with pytest.raises((RuntimeError, ShapeError), match="outside"):
         lic_infonce(x, anchors, cand, kinds, 0.1)
     kinds[1, 1] = 0  # an ignored candidate is never read: 10 is fine there
     assert torch.isfinite(lic_infonce(x, anchors, cand, kinds, 0.1)).all()
@@ -105,31 +111,33 @@ def test_cpu_gradient_is_bit_identical_for_any_thread_count():
 
 
 @pytest.mark.parametrize("N,d,A,M,R", [(500, 16, 64, 16, 64), (300, 5, 40, 7, 9), (200, 64, 30, 16, 8), (11_000, 8, 2048, 32, 0)])
-def test_pull_native_matches_reference_values_and_gradients(N, d, A, M, R):
+def test_pull_native_matches_reference_values_and_gradients(N, d, A, M, R, device):
     """The pull form on the same cases (kind 1 entries, padding, duplicates, the zero row, the anchor as its own
-    positive): float32 native against the float64 torch reference, values and gradients."""
+    positive): float32 native (CUDA: the reference in float32 on the device) against the float64 torch reference,
+    values and gradients."""
     x, anchors, cand, kinds = random_case(N, d, A, M, R, seed=N + d + 1)
-    xa, xb = x.clone().requires_grad_(True), x.double().requires_grad_(True)
-    out, ref = lic_pull(xa, anchors, cand, kinds), _ref_lic_pull(xb, anchors, cand, kinds)
-    assert out.dtype == torch.float32 and out.shape == (A,)
-    assert torch.allclose(out.double(), ref, atol=2e-6, rtol=1e-5)
+    xa, xb = x.to(device).clone().requires_grad_(True), x.double().requires_grad_(True)
+    out, ref = lic_pull(xa, *on_device((anchors, cand, kinds), device)), _ref_lic_pull(xb, anchors, cand, kinds)
+    assert out.dtype == torch.float32 and out.shape == (A,) and out.device == xa.device
+    assert torch.allclose(out.double().cpu(), ref, atol=2e-6, rtol=1e-5)
     assert out[4] == 0 and out[6] == 0 and float(out[7].detach()) == pytest.approx(0.0, abs=1e-6)  # no positive; itself
     w = torch.rand(A, generator=torch.Generator().manual_seed(2)).double()
-    (out.double() * w).sum().backward()
+    (out.double() * w.to(device)).sum().backward()
     (ref * w).sum().backward()
-    assert torch.allclose(xa.grad.double(), xb.grad, atol=1e-5, rtol=1e-4)
+    assert torch.allclose(xa.grad.double().cpu(), xb.grad, atol=1e-5, rtol=1e-4)
 
 
-def test_pull_value_by_hand_and_negatives_ignored():
-    x = torch.tensor([[1.0, 0.0], [math.cos(0.3), math.sin(0.3)], [0.0, 2.0], [-5.0, 0.0]], requires_grad=True)
-    anchors, cand = torch.tensor([0]), torch.tensor([[1, 2, 3, 99]])
-    kinds = torch.tensor([[2, 2, 1, 0]], dtype=torch.uint8)  # 3 is a negative (ignored), 99 padding (not read)
+def test_pull_value_by_hand_and_negatives_ignored(device):
+    x = torch.tensor([[1.0, 0.0], [math.cos(0.3), math.sin(0.3)], [0.0, 2.0], [-5.0, 0.0]], device=device,
+                     requires_grad=True)
+    anchors, cand = torch.tensor([0], device=device), torch.tensor([[1, 2, 3, 99]], device=device)
+    kinds = torch.tensor([[2, 2, 1, 0]], dtype=torch.uint8, device=device)  # 3 a negative (ignored), 99 padding
     out = lic_pull(x, anchors, cand, kinds)
     assert float(out.detach()) == pytest.approx(1.0 - (math.cos(0.3) + 0.0) / 2, rel=1e-6)
     out.sum().backward()
     # d/dx0 of -(<f0, f1> + <f0, f2>) / 2 at |x0| = 1: -(m - f0 <f0, m>), m = (f1 + f2) / 2
     m = torch.tensor([math.cos(0.3), math.sin(0.3) + 1.0]) / 2
-    assert torch.allclose(x.grad[0], -(m - torch.tensor([1.0, 0.0]) * m[0]), atol=1e-6)
+    assert torch.allclose(x.grad[0].cpu(), -(m - torch.tensor([1.0, 0.0]) * m[0]), atol=1e-6)
     assert x.grad[3].abs().sum() == 0
-    with pytest.raises(RuntimeError, match="lic_pull: an anchor or a used candidate is outside"):
-        lic_pull(x.detach(), anchors, cand, torch.tensor([[2, 2, 1, 2]], dtype=torch.uint8))
+    with pytest.raises((RuntimeError, ShapeError), match="lic_pull: an anchor or a used candidate is outside"):
+        lic_pull(x.detach(), anchors, cand, torch.tensor([[2, 2, 1, 2]], dtype=torch.uint8, device=device))

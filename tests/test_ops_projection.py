@@ -1,4 +1,5 @@
-"""Native CPU projection vs gsplat's pure-torch formulation: values, gradients, determinism."""
+"""Native CPU projection (CUDA: gsplat's fused kernel) vs gsplat's pure-torch formulation on CPU: values, gradients
+(on every device present), determinism (CPU)."""
 import math
 
 import pytest
@@ -23,9 +24,10 @@ def _scene(n: int, seed: int):
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_projection_matches_reference(seed):
+def test_projection_matches_reference(seed, device):
     means, quats, scales, viewmats, Ks, W, H = _scene(3000, seed)
-    radii, means2d, depths, conics = project_gaussians(means, quats, scales, viewmats, Ks, W, H)
+    radii, means2d, depths, conics = (t.cpu() for t in project_gaussians(
+        *(t.to(device) for t in (means, quats, scales, viewmats, Ks)), W, H))
     r_radii, r_means2d, r_depths, r_conics = _ref_project_gaussians(means.double(), quats.double(), scales.double(),
                                                                     viewmats.double(), Ks.double(), W, H)
     f_conics = _ref_project_gaussians(means, quats, scales, viewmats, Ks, W, H)[3]  # the float32 formulation
@@ -44,16 +46,16 @@ def test_projection_matches_reference(seed):
     assert err.quantile(0.99) < 1e-5
 
 
-def test_projection_matches_float32_reference_radii_and_culling():
+def test_projection_matches_float32_reference_radii_and_culling(device):
     # against the exact code rh3dgs ran before (float32 torch): culling decisions identical
     means, quats, scales, viewmats, Ks, W, H = _scene(4000, 3)
-    radii = project_gaussians(means, quats, scales, viewmats, Ks, W, H)[0]
+    radii = project_gaussians(*(t.to(device) for t in (means, quats, scales, viewmats, Ks)), W, H)[0].cpu()
     r_radii = _ref_project_gaussians(means, quats, scales, viewmats, Ks, W, H)[0]
     assert torch.equal(radii > 0, r_radii > 0)
     assert (radii != r_radii).sum() <= 2
 
 
-def test_projection_gradients_match_reference():
+def test_projection_gradients_match_reference(device):
     means, quats, scales, viewmats, Ks, W, H = _scene(800, 4)
     g = torch.Generator().manual_seed(9)
     leaves = [t.double().clone().requires_grad_(True) for t in (means, quats, scales, viewmats)]
@@ -63,17 +65,17 @@ def test_projection_gradients_match_reference():
            for o in r_outs]
     ref_grads = torch.autograd.grad(sum((o * u).sum() for o, u in zip(r_outs, ups)), leaves)
 
-    nat = [t.clone().requires_grad_(True) for t in (means, quats, scales, viewmats)]
-    radii, *outs = project_gaussians(*nat, Ks, W, H)
-    assert torch.equal(radii > 0, r_radii > 0)
-    grads = torch.autograd.grad(sum((o * u.float()).sum() for o, u in zip(outs, ups)), nat)
-    for name, a, b in zip(("means", "quats", "scales", "viewmats"), grads, ref_grads):
+    nat = [t.to(device).clone().requires_grad_(True) for t in (means, quats, scales, viewmats)]
+    radii, *outs = project_gaussians(*nat, Ks.to(device), W, H)
+    assert torch.equal(radii.cpu() > 0, r_radii > 0)
+    grads = torch.autograd.grad(sum((o * u.float().to(device)).sum() for o, u in zip(outs, ups)), nat)
+    for name, a, b in zip(("means", "quats", "scales", "viewmats"), (g.cpu() for g in grads), ref_grads):
         scale = b.abs().max()
         assert scale > 0, name
         torch.testing.assert_close(a.double() / scale, b / scale, rtol=0, atol=2e-4, msg=name)
 
 
-def test_projection_fov_clamp_gradient():
+def test_projection_fov_clamp_gradient(device):
     # a Gaussian far outside the horizontal field of view: the Jacobian uses the clamped mean
     cams = Cameras.look_at(torch.tensor([[0.0, -4.0, 0.0]]), torch.zeros(3), fov_deg=40.0, width=64, height=64)
     means = torch.tensor([[2.6, 0.0, 0.0], [0.0, 0.0, 0.0]])
@@ -83,11 +85,11 @@ def test_projection_fov_clamp_gradient():
     r_radii, r_m2, r_d, r_c = _ref_project_gaussians(*leaves, cams.viewmats.double(), cams.Ks.double(), 64, 64)
     assert r_radii[0, 0] > 0 and abs(r_m2[0, 0, 0].item() - 32) > 32 * (1 + math.tan(math.radians(20)) * 0)
     ref = torch.autograd.grad((r_c * torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)).sum() + r_m2.sum(), leaves)
-    nat = [t.clone().requires_grad_(True) for t in (means, quats, scales)]
-    _, m2, _, c = project_gaussians(*nat, cams.viewmats, cams.Ks, 64, 64)
-    got = torch.autograd.grad((c * torch.tensor([1.0, -2.0, 0.5])).sum() + m2.sum(), nat)
+    nat = [t.to(device).clone().requires_grad_(True) for t in (means, quats, scales)]
+    _, m2, _, c = project_gaussians(*nat, cams.viewmats.to(device), cams.Ks.to(device), 64, 64)
+    got = torch.autograd.grad((c * torch.tensor([1.0, -2.0, 0.5], device=device)).sum() + m2.sum(), nat)
     for a, b in zip(got, ref):
-        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(a.double().cpu(), b, rtol=1e-4, atol=1e-6)
 
 
 def test_projection_bit_identical_across_runs_and_threads():

@@ -1,4 +1,5 @@
-"""Native relevancy op vs its torch reference, and the field / API paths that use it."""
+"""Native relevancy op vs its torch reference, and the field / API paths that use it, on every device present (CUDA:
+the reference on the device, against the same reference on CPU)."""
 import pytest
 import torch
 
@@ -9,14 +10,14 @@ from rh3dgs.query import relevancy_from_cosines
 
 
 @pytest.mark.parametrize("d,Q,J,P", [(16, 1, 4, 4099), (16, 3, 4, 17), (8, 2, 0, 37), (5, 1, 4, 100), (64, 2, 3, 999)])
-def test_native_matches_reference(d, Q, J, P):
+def test_native_matches_reference(d, Q, J, P, device):
     g = torch.Generator().manual_seed(d * 100 + P)
     rows = torch.randn(P, d + 3, generator=g)[:, 3:]  # strided rows, as a slice of an RGB + latent render
     pos, neg = torch.randn(Q, d, generator=g), torch.randn(J, d, generator=g)
     R = torch.linalg.qr(torch.randn(32, d, generator=g), mode="r")[1]
-    out = relevancy(rows, pos, neg, R, 10.0)
-    assert out.shape == (P, Q)
-    assert torch.allclose(out, _ref_relevancy(rows, pos, neg, R, 10.0), atol=1e-5, rtol=0)
+    out = relevancy(rows.to(device), pos.to(device), neg.to(device), R.to(device), 10.0)
+    assert out.shape == (P, Q) and out.device == rows.to(device).device
+    assert torch.allclose(out.cpu(), _ref_relevancy(rows, pos, neg, R, 10.0), atol=1e-5, rtol=0)
 
 
 def test_field_relevancy_equals_decoded_cosines():

@@ -264,7 +264,8 @@ def test_mutated_seed_long(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["ply", "transforms", "feature_npy", "text_embeddings", "scene_json", "scene_field"])
+@pytest.mark.parametrize("name", ["ply", "transforms", "feature_npy", "text_embeddings", "scene_json", "scene_field",
+                                  "checkpoint", "viewer_message"])
 def test_atheris(name, tmp_path):
     """Coverage-guided fuzzing with atheris (if installed), bounded runs and time, in a subprocess."""
     pytest.importorskip("atheris")

@@ -191,7 +191,8 @@ def _same(a, b) -> bool:
 def _files(folder: Path):
     out = {n: (folder / n).read_bytes() for n in ("semantic.ply", "field.npz", "transforms.json")}
     meta = json.loads((folder / "rh3dgs.json").read_text())
-    meta["info"].pop("seconds", None)
+    for key in [k for k in meta["info"] if k.startswith("seconds")]:  # wall times (seconds, seconds_per_pass)
+        del meta["info"][key]
     out["rh3dgs.json"] = meta
     return out
 

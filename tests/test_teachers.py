@@ -376,6 +376,31 @@ def test_cache_incremental_and_corruption(tiny, tmp_path):
     with pytest.raises(FeatureFormatError, match=out3[2].name):
         load_cached(out3[2])
 
+    # an entry whose array no longer has the manifest's shape, even with its size and sha256 re-recorded,
+    # is recomputed, never reused (the header is checked against the record and the teacher's D)
+    import hashlib
+    import io
+    import json
+
+    out4 = extract_features(teacher, images, cache, progress=False)  # (recomputes the truncated one)
+    teacher.calls.clear()
+    buf = io.BytesIO()
+    np.save(buf, np.ones((8, 11, 16), np.float16))  # D = 16, not the teacher's 32
+    out4[0].write_bytes(buf.getvalue())
+    manifest = out4[0].parent / "manifest.json"
+    meta = json.loads(manifest.read_text())
+    meta["entries"][out4[0].stem].update(bytes=len(buf.getvalue()), sha256=hashlib.sha256(buf.getvalue()).hexdigest())
+    manifest.write_text(json.dumps(meta))
+    extract_features(teacher, images, cache, progress=False, stats=stats)
+    assert teacher.calls == ["img_0.png"] and stats["invalid"] == 1 and np.load(out4[0]).shape == (8, 11, 32)
+    # a manifest of a newer cache format is refused, not overwritten
+    meta = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**meta, "format": 99}))
+    with pytest.raises(FeatureFormatError, match=r"manifest.json \[format\]: written by a newer rh3dgs"):
+        extract_features(teacher, images, cache, progress=False)
+    assert json.loads(manifest.read_text())["format"] == 99
+    manifest.unlink()
+
     # a different teacher setting is a different cache
     teacher.calls.clear()
     other = CountingTeacher(make_teacher("tiny-clip", seed=2, device="cpu"))
@@ -409,3 +434,41 @@ def test_open_clip_import_skips_wandb_and_leaves_it_importable():
             "ok = importlib.util.find_spec('wandb') is None or __import__('wandb') is not None; print(ok)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "True"], out
+
+
+def test_tiny_clip_warns_once_that_its_answers_are_random(monkeypatch):
+    """Building tiny-clip warns, once per process, that its answers are random and names the teachers that are not."""
+    import warnings
+
+    from rh3dgs.teachers import make_teacher
+    from rh3dgs.teachers import tiny as tiny_module
+
+    monkeypatch.setattr(tiny_module, "_WARNED", False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_teacher("tiny-clip", device="cpu")
+        make_teacher("tiny-clip", device="cpu", seed=1)
+    random = [w for w in caught if issubclass(w.category, tiny_module.RandomTeacherWarning)]
+    assert len(random) == 1 and "random" in str(random[0].message) and "--teacher clip" in str(random[0].message)
+
+
+def test_lift_defaults_to_the_teacher_of_the_datas_cache(tmp_path, capsys):
+    """`rh3dgs lift` without --teacher uses the teacher whose maps the data's cache holds (recorded in its manifest
+    by extract), not `precomputed`; without a cache, precomputed."""
+    from rh3dgs.cli import _teacher_config, parse
+    from rh3dgs.teachers import TeacherConfig, dataset_maps
+
+    data = tmp_path / "data"
+    data.mkdir()
+    cmd = parse(["lift", "s.ply", "--data", str(data), "--output", "o"]).command
+    assert cmd.teacher.name == "auto" and _teacher_config(cmd.teacher, data).name == "precomputed"
+    img = tmp_path / "a.png"
+    from rh3dgs.io.atomic import atomic_save_png
+
+    atomic_save_png(img, torch.rand(16, 16, 3))
+    teacher = TeacherConfig(name="tiny-clip", seed=3, device="cpu").setup(data)
+    dataset_maps(teacher, [img], data_dir=data, progress=False)
+    capsys.readouterr()
+    cfg = _teacher_config(cmd.teacher, data)
+    assert cfg.name == "tiny-clip" and cfg.seed == 3 and cfg.setup(data).cache_key() == teacher.cache_key()
+    assert "teacher: tiny-clip, the teacher of" in capsys.readouterr().out

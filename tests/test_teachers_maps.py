@@ -265,3 +265,55 @@ def test_constant_regions_and_their_fraction_against_a_flood_fill():
     assert mixed.shape == (2, 8, 8) and torch.equal(mixed[1], region_fraction(m[:10], (8, 8)))
     with pytest.raises(ShapeError):
         constant_regions(torch.zeros(4, 4))
+
+
+@pytest.mark.slow
+def test_one_cache_on_a_distorted_downscaled_capture_with_missing_images(data, tmp_path, capsys):
+    """The fox data's shape (OpenCV distortion, a missing image, no images_2 folder) at downscale 2: `rh3dgs extract`
+    then the `ns-train` data manager then `rh3dgs lift` compute 0 maps after extract; the data manager first, then
+    lift, also 0. One keying rule: the bytes of the image every entry point gets from load_posed_images."""
+    pytest.importorskip("nerfstudio")
+    import json
+    import shutil
+
+    from rh3dgs.data.synthetic import SceneConfig, make_scene
+    from rh3dgs.io.ply import save_ply
+    from rh3dgs.nerfstudio.config import rh3dgs_lite_config
+
+    ply = save_ply(tmp_path / "scene.ply", make_scene(SceneConfig(num_views=10, image_size=32,
+                                                                  gaussians_per_unit_area=800.0)).gaussians)
+    opts = ["--downscale", "2", "--skip-missing-images", "--teacher", "tiny-clip"]
+
+    def capture(name: str) -> Path:
+        root = tmp_path / name
+        shutil.copytree(data, root)
+        tf = json.loads((root / "transforms.json").read_text())
+        tf.update(k1=-0.04, k2=0.01, p1=0.001, p2=0.0)
+        (root / "transforms.json").write_text(json.dumps(tf))
+        (root / tf["frames"][3]["file_path"]).unlink()
+        return root
+
+    def datamanager_stats(root: Path):
+        c = rh3dgs_lite_config()
+        c.pipeline.datamanager.data = root
+        c.pipeline.datamanager.dataparser.downscale_factor = 2
+        c.pipeline.datamanager.dataparser.skip_missing_images = True
+        c.pipeline.datamanager.teacher = TeacherConfig(name="tiny-clip")
+        dm = c.pipeline.datamanager.setup(device="cpu", test_mode="val")
+        return [dm.dataset_maps(split).stats for split in ("train", "eval")]
+
+    def lift_line(root: Path) -> str:
+        capsys.readouterr()
+        assert cli_main(["lift", str(ply), "--data", str(root), "--output", str(root / "lifted"), *opts]) == 0
+        return next(ln for ln in capsys.readouterr().out.splitlines() if "teacher maps" in ln)
+
+    first = capture("extract_first")
+    assert cli_main(["extract", "--data", str(first), *opts]) == 0
+    assert "9 feature maps (9 computed, 0 reused)" in capsys.readouterr().out
+    stats = datamanager_stats(first)
+    assert [s["computed"] for s in stats] == [0, 0] and sum(s["reused"] for s in stats) == 9, stats
+    assert "0 computed, 9 reused" in lift_line(first)
+
+    second = capture("train_first")
+    assert sum(s["computed"] for s in datamanager_stats(second)) == 9
+    assert "0 computed, 9 reused" in lift_line(second)

@@ -179,7 +179,11 @@ def test_controls_state_versioning_and_encoder_errors():
     ctl = C.QueryControls.from_scene(scene)
     v = ctl.version
     assert not ctl.update(threshold=0.5)  # unchanged
-    assert ctl.update(threshold=2.0) and ctl.state.threshold == 1.0 and ctl.version == v + 1
+    for bad in (2.0, -0.1, float("nan")):  # outside [0, 1]: refused, not clamped (rh3dgs.ranges)
+        with pytest.raises(ConfigError, match="threshold"):
+            ctl.update(threshold=bad)
+    assert ctl.state.threshold == 0.5 and ctl.version == v
+    assert ctl.update(threshold=1.0) and ctl.state.threshold == 1.0 and ctl.version == v + 1
     assert ctl.status_markdown().startswith("Type a query")
     calls = []
     encode = ctl._encode
@@ -301,9 +305,13 @@ def test_initial_pose_orbits_about_the_world_up():
     # the look-at point is on camera 0's optical axis, at the scene's centre distance
     axis = (pose.look_at - pose.position) / np.linalg.norm(pose.look_at - pose.position)
     np.testing.assert_allclose(axis, quat_to_matrix(pose.wxyz)[:, 2], atol=1e-6)
-    plain = Scene(scene.gaussians)  # no cameras: above a corner, +z up
+    plain = Scene(scene.gaussians)  # no cameras: a uniform cube has no dominant axis: the PLY convention, -y up
     pose, up = initial_pose(plain)
-    np.testing.assert_allclose(up, [0, 0, 1]) and np.testing.assert_allclose(pose.up, [0, 0, 1])
+    np.testing.assert_allclose(up, [0, -1, 0]) and np.testing.assert_allclose(pose.up, [0, -1, 0])
+    assert pose.position[1] < pose.look_at[1]  # above the scene, about that up
+    flat = scene.gaussians[scene.gaussians.means[:, 2].abs() < 0.1]  # a slab: its thin axis, z, is up
+    pose, up = initial_pose(Scene(flat))
+    np.testing.assert_allclose(up, [0, 0, 1])
     assert pose.position[2] > pose.look_at[2]
 
 

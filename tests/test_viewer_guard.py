@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -269,7 +270,7 @@ def _ns_dataset(root: Path, views: int = 4, size: int = 32) -> Path:
     return root
 
 
-def test_nerfstudio_viewer_of_an_rh3dgs_pipeline_binds_localhost_and_is_guarded(tmp_path, monkeypatch):
+def test_nerfstudio_viewer_of_an_rh3dgs_pipeline_binds_localhost_and_is_guarded(tmp_path, monkeypatch, capfd):
     """nerfstudio's own viewer class, built as ``ns-viewer --load-config`` builds it: with nerfstudio's default
     ViewerConfig (websocket_host 0.0.0.0, which ns-viewer puts in place of the run's config) and an rh3dgs
     pipeline: it listens on 127.0.0.1 only, its banner says so, and it is guarded."""
@@ -301,6 +302,21 @@ def test_nerfstudio_viewer_of_an_rh3dgs_pipeline_binds_localhost_and_is_guarded(
             assert status in (403, 404) and b"root:" not in body, (target, status)
         assert ws_handshake(port, origin="http://evil.example") == 403
         assert ws_handshake(port, origin=f"http://127.0.0.1:{port}") == 101
+        # crafted client messages: one line each, the connection stays open (the same guard as rh3dgs view)
+        import msgspec
+        from websockets.sync.client import connect
+
+        capfd.readouterr()
+        with connect(f"ws://127.0.0.1:{port}", max_size=None, open_timeout=20) as ws:
+            for raw in (b"\xc1\xff", msgspec.msgpack.encode(_camera(wxyz=[float("nan"), 0.0, 0.0, 0.0])),
+                        msgspec.msgpack.encode(_camera(fov=0.0))):
+                ws.send(raw)
+            time.sleep(1.0)
+            ws.send(msgspec.msgpack.encode(_camera()))  # still open: a good camera is taken
+            time.sleep(0.5)
+        err = capfd.readouterr().err
+        ignored = [ln for ln in err.splitlines() if ln.startswith("rh3dgs: viewer: ignored a message")]
+        assert len(ignored) == 3 and "Traceback" not in err, err[-2000:]
     finally:
         viewer.viser_server.stop()
 
@@ -366,3 +382,99 @@ def test_ns_viewer_load_config_on_an_rh3dgs_run_binds_localhost(tmp_path):
             finally:
                 stop_server(proc, 15)
         assert say in log.read_text(), log.read_text()[-3000:]
+
+
+# ----------------------------------------------------------------------------- crafted client messages
+def _camera(**changes):
+    msg = {"type": "ViewerCameraMessage", "wxyz": [1.0, 0.0, 0.0, 0.0], "position": [0.0, 0.0, -3.0], "fov": 0.9,
+           "aspect": 1.0, "look_at": [0.0, 0.0, 0.0], "up_direction": [0.0, -1.0, 0.0]}
+    msg.update(changes)
+    return msg
+
+
+def _crafted(threshold_id: str):
+    """(case, raw bytes) of the messages a hostile or broken client may send."""
+    import msgspec
+
+    enc = msgspec.msgpack.encode
+    nan, inf = float("nan"), float("inf")
+    return [
+        ("bad msgpack", b"\xc1\xff\x00\x93"),
+        ("a text frame", '{"type": "ViewerCameraMessage"}'),
+        ("not a mapping", enc([1, 2, 3])),
+        ("unknown message type", enc({"type": "NoSuchMessage", "x": 1})),
+        ("camera with missing fields", enc({"type": "ViewerCameraMessage", "wxyz": [1, 0, 0, 0]})),
+        ("camera with an extra field", enc({**_camera(), "extra": 1})),
+        ("NaN quaternion", enc(_camera(wxyz=[nan, 0.0, 0.0, 0.0]))),
+        ("zero quaternion", enc(_camera(wxyz=[0.0, 0.0, 0.0, 0.0]))),
+        ("fov 0", enc(_camera(fov=0.0))),
+        ("fov 4 rad", enc(_camera(fov=4.0))),
+        ("Inf position", enc(_camera(position=[inf, 0.0, 0.0]))),
+        ("aspect -1", enc(_camera(aspect=-1.0))),
+        ("wrong type: wxyz a string", enc(_camera(wxyz="abcd"))),
+        ("wrong type: fov a string", enc(_camera(fov="wide"))),
+        ("GUI: NaN threshold", enc({"type": "GuiUpdateMessage", "id": threshold_id, "updates": {"value": nan}})),
+        ("GUI: unknown property", enc({"type": "GuiUpdateMessage", "id": threshold_id, "updates": {"nope": 1}})),
+        ("GUI: wrong type", enc({"type": "GuiUpdateMessage", "id": threshold_id, "updates": {"value": "high"}})),
+        ("GUI: updates not a mapping", enc({"type": "GuiUpdateMessage", "id": threshold_id, "updates": [1]})),
+        ("GUI: threshold out of range", enc({"type": "GuiUpdateMessage", "id": threshold_id,
+                                             "updates": {"value": 7.5}})),
+    ]
+
+
+def test_message_problem_names_what_is_wrong():
+    from viser import _messages as M
+
+    ok = M.ViewerCameraMessage((1.0, 0, 0, 0), (0, 0, -3.0), 0.9, 1.0, (0, 0, 0), (0, -1.0, 0))
+    assert guard.message_problem(ok) is None
+    assert "fov" in guard.message_problem(M.ViewerCameraMessage((1.0, 0, 0, 0), (0, 0, -3.0), 0.0, 1.0, (0, 0, 0),
+                                                                (0, -1.0, 0)))
+    assert "wxyz" in guard.message_problem(M.ViewerCameraMessage((float("nan"), 0, 0, 0), (0, 0, -3.0), 0.9, 1.0,
+                                                                 (0, 0, 0), (0, -1.0, 0)))
+    assert "NaN" in guard.message_problem(M.GuiUpdateMessage("x", {"value": float("inf")}))
+    assert guard.message_problem(M.GuiUpdateMessage("x", {"value": 0.3})) is None
+
+
+def test_rh3dgs_view_answers_crafted_messages_in_one_line_and_keeps_serving(tmp_path, capfd):
+    """Every crafted message: one stderr line, no traceback, the state unchanged; a valid camera afterwards
+    still gets a new frame."""
+    import msgspec
+    from websockets.sync.client import connect
+
+    from fuzz.targets import seed_dir
+    from rh3dgs.viewer.server import Viewer, ViewerConfig
+
+    viewer = Viewer(rh3dgs.load(seed_dir() / "scene"), ViewerConfig(port=0, output_dir=tmp_path / "out"))
+    try:
+        port = int(viewer.start().rsplit(":", 1)[1])
+        before = viewer.controls.state
+        cases = _crafted(viewer.panel.threshold._impl.id)
+        with connect(f"ws://127.0.0.1:{port}", max_size=None, open_timeout=20) as ws:
+            def frames(timeout: float, enough: int = 1 << 30) -> int:
+                """Frames (background images) received within ``timeout`` s (returns at ``enough``)."""
+                n, end = 0, time.time() + timeout
+                while time.time() < end and n < enough:
+                    try:
+                        raw = ws.recv(timeout=max(0.05, end - time.time()))
+                    except TimeoutError:
+                        break
+                    for m in msgspec.msgpack.decode(raw):
+                        n += m.get("type") == "BackgroundImageMessage"
+                return n
+
+            ws.send(msgspec.msgpack.encode(_camera()))  # a browser's first message: the client is connected
+            assert frames(30.0, enough=1) >= 1
+            capfd.readouterr()
+            for case, raw in cases:
+                ws.send(raw)
+                time.sleep(0.05)
+            frames(2.0)
+            err = capfd.readouterr().err
+            lines = [ln for ln in err.splitlines() if ln.strip()]
+            assert "Traceback" not in err and len(lines) == len(cases), err[-3000:]
+            assert all(ln.startswith("rh3dgs: viewer: ignored a message") for ln in lines), lines
+            assert viewer.controls.state == before and viewer.panel.threshold.value == before.threshold
+            ws.send(msgspec.msgpack.encode(_camera(position=[0.0, 0.0, -2.5])))
+            assert frames(30.0, enough=1) >= 1  # still serving: a new frame for the good camera
+    finally:
+        viewer.stop()

@@ -40,3 +40,22 @@ def test_result_sheet_has_render_relevancy_and_highlight_panels():
     one = result_sheet(rgb, rel[:1], ["red ball"], threshold=0.5, dpi=50)
     assert sheet.shape[0] > 1.5 * one.shape[0]  # one row per query
     assert sheet.std() > 20  # not blank
+
+
+def test_sheets_follow_the_image_aspect_and_single_maps_get_a_colour_bar():
+    """Portrait and landscape sheets: the panels keep the image's aspect (a portrait sheet is taller for its width);
+    a single heat map / depth picture gets a colour bar beside it (the bar's ends: turbo(0) and turbo(1))."""
+    from rh3dgs.viz import colorize, turbo, with_colorbar
+
+    def sheet(h, w):
+        rel = torch.linspace(0, 1, w).expand(1, h, w)
+        return result_sheet(torch.full((h, w, 3), 0.5), rel, ["red ball"], title="v", dpi=50)
+
+    portrait, landscape = sheet(80, 40), sheet(40, 80)
+    assert portrait.shape[0] / portrait.shape[1] > 1.5 * landscape.shape[0] / landscape.shape[1]
+    pic = colorize(torch.linspace(0, 1, 30).expand(60, 30), vmin=0.0, vmax=1.0)
+    out = with_colorbar(pic, 0.0, 1.0, "relevancy (0-1)")
+    assert out.shape[1] > pic.shape[1] + 20 and out.shape[0] >= pic.shape[0]
+    ends = (turbo(torch.tensor([0.0, 1.0])) * 255).round().numpy()
+    for c in ends:  # both ends of the colour bar are drawn
+        assert (np.abs(out.astype(float) - c).max(-1) < 8).sum() > 20

@@ -182,7 +182,7 @@ void aggregate_tiles(int64_t B, int64_t NB, int64_t H, int64_t W, int64_t D_rt, 
       // the tile's rows of the sums (and means) are random rows of N x D tables: start them all now
       for (int64_t k = 0; k < K; ++k) prefetch_rows_of<MODE>(lg[k], m, acc_v, D);
       const int64_t nx = x1 - x0;
-      rows.build(tg, y0, y1, x0, x1);
+      rows.begin(tg, y0, y1, x0, x1);
       for (int64_t py = y0; py < y1; ++py) {
         // Gaussian-major over this row (depth order); per pixel the contributions and their
         // order are those of a front-to-back scan that stops where T would reach 1e-4.

@@ -127,7 +127,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
       lz.resize(K);
       for (int64_t k = 0; k < K; ++k) lz[k] = dep[fids[start + k]];
       prefetch_rows(feat, C, fids + start, K);
-      rows.build(tg, y0, y1, x0, x1);
+      rows.begin(tg, y0, y1, x0, x1);
       const int64_t nx = x1 - x0;
       for (int64_t py = y0; py < y1; ++py) {
         // Gaussian-major over this row (composite_row); per pixel the operations and their
@@ -281,13 +281,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
       std::fill(isect_grad.get() + start * S, isect_grad.get() + end * S, 0.0f);
       tg.gather(packed.data(), fids, start, K);
       prefetch_rows(feat, C, fids + start, K);
-      rows.build(tg, y0, y1, x0, x1);
+      rows.begin(tg, y0, y1, x0, x1);
       const int64_t nx = x1 - x0;
       for (int64_t py = y0; py < y1; ++py) {
         // Gaussian-major, back to front over this row, all pixels at once; per pixel the same
         // operations in the same order as a back-to-front scan from its last contributor.
-        const int32_t* row = rows.row(py - y0);
-        const int64_t n_row = rows.row_size(py - y0);
         const float fy = (float)py + 0.5f;
         const int64_t pix0 = (b * height + py) * width + x0;
         const float* v_row = vr + pix0 * C;  // [nx][C], pixel-major
@@ -312,17 +310,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
         std::fill(rbuf.begin(), rbuf.end(), 0.0f);
         // Gaussians behind every pixel's last contributor add nothing: start at the last that can
         const int32_t max_last = *std::max_element(rlastk.begin(), rlastk.end());
-        int64_t j_first = n_row - 1;
-        while (j_first >= 0 && row[j_first] > max_last) --j_first;
-        for (int64_t j = j_first; j >= 0; --j) {
-          const int64_t k = row[j];
+        rows.ensure(rows.chunk_of(max_last));
+        for (int64_t ch = rows.chunk_of(max_last); ch >= 0; --ch)
+        for (int64_t j = rows.row_size(ch, py - y0) - 1; j >= 0; --j) {
+          const int64_t k = rows.row(ch, py - y0)[j];
+          if (k > max_last) continue;
           const int64_t isect = start + k;
           const int64_t g = fids[isect];
           const float a_ = tg.a[k], b_ = tg.b[k], c_ = tg.c[k], o = tg.o[k];
           const float z = dep[g];
           const float* f = feat + g * C;
           float* grow = isect_grad.get() + (size_t)isect * S;
-          const int64_t item = rows.row_offset(py - y0) + j;
+          const int64_t item = rows.row_offset(ch, py - y0) + j;
           row_alphas_span(tg.x[k], tg.y[k], a_, b_, c_, o, fy, x0, L, rows.lane_lo[item], rows.lane_hi[item],
                           ralpha.data(), rvis.data());
           // the pixels this pair contributes to: alpha kept, not behind the pixel's last contributor

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ..errors import InputFileError
-from ..io.npy import NPY_READ_ERRORS
+from ..io.npy import load_npy
 
 __all__ = ["BACKGROUND", "LabelledDataset"]
 
@@ -80,13 +80,10 @@ class LabelledDataset:
 
     def _label_png(self, path: Path, num_labels: Optional[int]) -> np.ndarray:
         """A single-channel label PNG as int64; values must be < num_labels or BACKGROUND (None: any)."""
-        from PIL import Image, UnidentifiedImageError
+        from ..io.images import open_image
 
-        try:
-            with Image.open(path) as im:
-                m = np.array(im)
-        except (OSError, UnidentifiedImageError, ValueError) as exc:
-            raise InputFileError(path, f"cannot be read as an image ({exc})") from None
+        with open_image(path) as im:
+            m = np.array(im)
         if m.ndim != 2 or m.dtype.kind not in "iub":
             raise InputFileError(path, f"label mask must be a single-channel integer image, got {m.dtype} "
                                        f"{list(m.shape)}")
@@ -107,10 +104,7 @@ class LabelledDataset:
         path = self.root / "depth" / f"{stem}.npy"
         if not path.is_file():
             raise InputFileError(path, f"missing depth map{f' ({why})' if why else ''}")
-        try:
-            d = np.load(path, allow_pickle=False)
-        except NPY_READ_ERRORS as exc:
-            raise InputFileError(path, f"cannot read depth .npy: {exc}") from None
+        d = load_npy(path, InputFileError, "depth map")
         if not isinstance(d, np.ndarray) or d.ndim != 2 or d.dtype.kind not in "fiu":
             raise InputFileError(path, f"depth must be a 2-D numeric array, got {getattr(d, 'dtype', type(d))} "
                                        f"{list(getattr(d, 'shape', []))}")

@@ -21,13 +21,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple, Union
+from typing import Annotated, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
 
 from ..cameras import Cameras
 from ..gaussians import Gaussians
+from ..ranges import Range, check_fields
 
 __all__ = ["SceneConfig", "SyntheticScene", "LAYOUTS", "PROCEDURAL_LAYOUTS", "PALETTE", "layout_names", "camera_azimuths", "make_scene",
            "orbit_cameras", "all_cameras", "write_dataset", "rotmat_to_quat"]
@@ -40,38 +41,34 @@ class SceneConfig:
     seed: int = 0
     """RNG seed (object jitter, sampling, textures)."""
     layout: Union[int, str] = 0
-    """Which object set: an index into :data:`LAYOUTS` (0 = the original table-top scene) or a name of
-    :func:`layout_names` (the procedural layouts have names only)."""
-    gaussians_per_unit_area: float = 6000.0
+    """Object set: 0-4 (0: the original table-top scene) or a layout's name (the procedural ones have names only)."""
+    gaussians_per_unit_area: Annotated[float, Range(gt=0)] = 6000.0
     """Surface sampling density (Gaussians per m^2)."""
-    floor_size: float = 3.0
+    floor_size: Annotated[float, Range(gt=0)] = 3.0
     """Side length of the square floor (m)."""
-    texture_noise: float = 0.04
+    texture_noise: Annotated[float, Range(ge=0)] = 0.04
     """Std of the per-Gaussian colour jitter (texture)."""
-    num_views: int = 12
+    num_views: Annotated[int, Range(ge=1)] = 12
     """Cameras on the orbit."""
-    image_size: int = 128
+    image_size: Annotated[int, Range(ge=8)] = 128
     """Square image side in pixels."""
-    orbit_radius: float = 3.2
+    orbit_radius: Annotated[float, Range(gt=0)] = 3.2
     """Radius of the camera orbit (m); cameras look at the scene centre."""
-    orbit_heights: Tuple[float, ...] = (1.2, 2.0)
+    orbit_heights: Annotated[Tuple[float, ...], Range(min_len=1)] = (1.2, 2.0)
     """Heights of the camera rings (m)."""
-    fov_deg: float = 50.0
+    fov_deg: Annotated[float, Range(gt=0, lt=180)] = 50.0
     """Horizontal field of view (degrees)."""
-    heldout_views: int = 0
-    """Extra cameras for held-out evaluation (``SyntheticScene.heldout_cameras``), on the same circle at
-    other heights, their azimuths half-way between the training cameras'."""
-    heldout_heights: Tuple[float, ...] = (1.0, 1.7)
+    heldout_views: Annotated[int, Range(ge=0)] = 0
+    """Extra held-out cameras at other heights, half-way between the training ones."""
+    heldout_heights: Annotated[Tuple[float, ...], Range(min_len=1)] = (1.0, 1.7)
     """Heights of the held-out cameras (m)."""
-    heldout_radius: Optional[float] = None
-    """Radius of the held-out cameras' orbit (m; None: ``orbit_radius``). Smaller: closer views than any training
-    view (each Gaussian covers more pixels)."""
+    heldout_radius: Annotated[Optional[float], Range(gt=0)] = None
+    """Orbit radius of the held-out cameras (m; None: the training orbit's); smaller: closer views than any training view."""
     gaussian_style: str = "surfel"
-    """"surfel": flat disks of opacity 0.9 tangent to the surface (a ray meets one surface); "blob": isotropic
-    Gaussians of the same width and opacity 0.5 (rays mix several Gaussians, and objects in contact, as a
-    reconstruction's Gaussians do)."""
+    """surfel: flat opaque disks on the surface; blob: isotropic half-opaque Gaussians that mix along rays."""
 
     def __post_init__(self) -> None:
+        check_fields(self)  # every numeric field against its declared Range (rh3dgs.ranges)
         if isinstance(self.layout, str) and self.layout not in layout_names():
             from ..errors import ConfigError
 
@@ -615,15 +612,24 @@ def write_dataset(scene: SyntheticScene, out_dir, progress: bool = True) -> Dict
         sparse_pc.ply                  initial point cloud (Gaussian centres, for splatfacto)
         scene.ply                      ground-truth Gaussians (INRIA layout + class_id, instance_id)
         classes.txt                    class names, one per line, index = class id
-    All files are written atomically; existing files are replaced only when complete.
+    The folder is built beside ``out_dir`` and swapped in by one rename (:func:`rh3dgs.io.atomic.atomic_folder`):
+    an existing dataset there is replaced whole or not at all.
     """
+    from ..io.atomic import atomic_folder
+
+    final = Path(out_dir)
+    with atomic_folder(final) as out:
+        _write_dataset_files(scene, out, progress)
+    return {"root": final, "transforms": final / "transforms.json", "scene_ply": final / "scene.ply"}
+
+
+def _write_dataset_files(scene: SyntheticScene, out: Path, progress: bool) -> None:
     from ..io.atomic import atomic_save_bytes, atomic_save_png
     from ..io.ply import save_ply
     from ..io.transforms import save_transforms
     from ..progress import track
     from ..rendering import render
 
-    out = Path(out_dir)
     for sub in ("images", "depth", "masks", "instances"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     cams = all_cameras(scene)
@@ -654,7 +660,6 @@ def write_dataset(scene: SyntheticScene, out_dir, progress: bool = True) -> Dict
         extra.update(train_filenames=rel[:n_train], val_filenames=rel[n_train:], test_filenames=rel[n_train:])
     save_transforms(out / "transforms.json", cams, image_paths, extra=extra)
     atomic_save_bytes(out / "classes.txt", ("\n".join(scene.class_names) + "\n").encode())
-    return {"root": out, "transforms": out / "transforms.json", "scene_ply": out / "scene.ply"}
 
 
 def all_cameras(scene: SyntheticScene) -> Cameras:

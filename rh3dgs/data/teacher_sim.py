@@ -101,13 +101,14 @@ import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Annotated, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from ..errors import ConfigError, InputFileError, ShapeError
 from ..query import CANONICAL_NEGATIVES  # the negatives every query compares with: their embeddings are written too
+from ..ranges import Range, check_fields
 from .labelled import BACKGROUND  # mask value "no surface" (in memory, negative values are background too)
 
 __all__ = [
@@ -135,77 +136,50 @@ class TeacherSimConfig:
     corruption off (features = prototypes, majority class per patch).
     """
 
-    dim: int = 64
+    dim: Annotated[int, Range(ge=3)] = 64
     """Feature dimension D."""
-    cone_cos: float = 0.7
+    cone_cos: Annotated[float, Range(ge=0, lt=1)] = 0.7
     """Mean cosine between two class prototypes (CLIP-like cone), in (-1/(K-1), 1)."""
-    negative_cos: float = 0.93
+    negative_cos: Annotated[float, Range(ge=0, le=1)] = 0.93
     """Cosine of the canonical negatives ("object", ...) to the cone centre."""
-    patch_size: int = 8
+    patch_size: Annotated[int, Range(ge=1)] = 8
     """Pixels per feature-map cell along each axis (features are at patch resolution)."""
-    bleed: float = 1.0
+    bleed: Annotated[float, Range(ge=0, le=1)] = 1.0
     """Area mixing inside a patch: 1 = area-weighted mix of all pixels, 0 = majority class."""
-    context_sigma: float = 0.0
+    context_sigma: Annotated[float, Range(ge=0)] = 0.0
     """Extra Gaussian blur of the patch grid, std in patches (0 = off)."""
-    occlusion_contamination: float = 0.5
+    occlusion_contamination: Annotated[float, Range(ge=0, le=1)] = 0.5
     """Weight of the occluder's feature on the far side of a depth edge, at distance 1 px."""
-    occlusion_band_px: int = 4
+    occlusion_band_px: Annotated[int, Range(ge=0)] = 4
     """Width (pixels) of the contaminated band behind an occluding contour; falls off linearly."""
-    depth_edge_rel: float = 0.05
+    depth_edge_rel: Annotated[float, Range(ge=0)] = 0.05
     """Relative depth jump that makes a depth edge (z_far > z_near * (1 + depth_edge_rel))."""
-    view_failure_rate: float = 0.05
+    view_failure_rate: Annotated[float, Range(ge=0, le=1)] = 0.05
     """Probability, per (view, class present), that the class shows a confuser's prototype."""
-    view_failure_strength: float = 1.0
+    view_failure_strength: Annotated[float, Range(ge=0, le=1)] = 1.0
     """Weight of the confuser prototype in a failed view (1 = full replacement)."""
     view_failure_mode: str = "independent"
     """"independent": each (view, class) fails alone; "azimuth": each class fails in every view whose camera azimuth
     lies in one arc of ``view_failure_rate`` x 360 degrees (needs the views' azimuths, ``view_azimuths``)."""
-    noise_deg: float = 6.0
+    noise_deg: Annotated[float, Range(ge=0)] = 6.0
     """Scale of the per-patch angular noise in degrees (0 = off)."""
-    noise_dof: float = 3.0
+    noise_dof: Annotated[float, Range(gt=0, finite=False)] = 3.0
     """Student-t degrees of freedom of the noise angle (inf = half-normal)."""
-    outlier_fraction: float = 0.01
+    outlier_fraction: Annotated[float, Range(ge=0, le=1)] = 0.01
     """Fraction of patches replaced by uniformly random unit vectors."""
-    text_jitter_deg: float = 0.0
+    text_jitter_deg: Annotated[float, Range(ge=0, le=90)] = 0.0
     """Angle between a class's text embedding and its image prototype (0 = identical)."""
-    seed: int = 0
+    seed: Annotated[int, Range(ge=0)] = 0
     """Seed of every random draw."""
 
     def __post_init__(self) -> None:
-        def bad(name: str, why: str) -> ConfigError:
-            return ConfigError(f"TeacherSimConfig.{name}={getattr(self, name)!r}: {why}")
-
-        if int(self.dim) != self.dim or self.dim < 3:
-            raise bad("dim", "must be an integer >= 3")
-        if not -1.0 < self.cone_cos < 1.0:
-            raise bad("cone_cos", "must be in (-1, 1); CLIP-like is about 0.6-0.8")
-        if self.cone_cos < 0:
-            raise bad("cone_cos", "negative mean cosines are not supported (prototypes share a cone centre)")
-        if not 0.0 <= self.negative_cos <= 1.0:
-            raise bad("negative_cos", "must be in [0, 1]")
-        if int(self.patch_size) != self.patch_size or self.patch_size < 1:
-            raise bad("patch_size", "must be an integer >= 1")
-        for name in ("bleed", "occlusion_contamination", "view_failure_rate", "view_failure_strength",
-                     "outlier_fraction"):
-            v = getattr(self, name)
-            if not 0.0 <= float(v) <= 1.0:
-                raise bad(name, "must be in [0, 1]")
+        check_fields(self)  # every numeric field against its declared Range (rh3dgs.ranges)
+        for name in ("dim", "patch_size", "occlusion_band_px", "seed"):
+            if int(getattr(self, name)) != getattr(self, name):
+                raise ConfigError(f"TeacherSimConfig.{name}={getattr(self, name)!r}: must be an integer")
         if self.view_failure_mode not in ("independent", "azimuth"):
-            raise bad("view_failure_mode", "must be 'independent' or 'azimuth'")
-        if not self.context_sigma >= 0:
-            raise bad("context_sigma", "must be >= 0 (patches)")
-        if int(self.occlusion_band_px) != self.occlusion_band_px or self.occlusion_band_px < 0:
-            raise bad("occlusion_band_px", "must be an integer >= 0")
-        if not self.depth_edge_rel >= 0:
-            raise bad("depth_edge_rel", "must be >= 0")
-        if not self.noise_deg >= 0:
-            raise bad("noise_deg", "must be >= 0 degrees")
-        if not self.noise_dof > 0:
-            raise bad("noise_dof", "must be > 0 (inf = Gaussian)")
-        if not 0.0 <= self.text_jitter_deg <= 90.0:
-            raise bad("text_jitter_deg", "must be in [0, 90] degrees")
-        if int(self.seed) != self.seed or self.seed < 0:
-            raise bad("seed", "must be an integer >= 0")
+            raise ConfigError(f"TeacherSimConfig.view_failure_mode={self.view_failure_mode!r}: must be 'independent' "
+                              "or 'azimuth'")
         self.dim, self.patch_size, self.occlusion_band_px, self.seed = (
             int(self.dim), int(self.patch_size), int(self.occlusion_band_px), int(self.seed))
 

@@ -57,12 +57,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Annotated, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from ..errors import ConfigError, ShapeError
+from ..ranges import Range, check_fields
 from .teacher_sim import (BACKGROUND, Prototypes, TeacherSimConfig, _check_azimuths, _random_tangent, _rotate, _unit,
                           azimuth_arcs, in_arc, make_prototypes)
 
@@ -82,39 +83,35 @@ class MaskTeacherSimConfig:
     """Mean cosine between two class prototypes (as :class:`TeacherSimConfig`)."""
     negative_cos: float = 0.93
     """Cosine of the canonical negatives to the cone centre."""
-    merge_rate: float = 0.1
+    merge_rate: Annotated[float, Range(ge=0, le=1)] = 0.1
     """Probability that a mask is merged with an adjacent one."""
-    split_rate: float = 0.1
+    split_rate: Annotated[float, Range(ge=0, le=1)] = 0.1
     """Probability that a mask is split in two."""
-    miss_rate: float = 0.05
+    miss_rate: Annotated[float, Range(ge=0, le=1)] = 0.05
     """Probability that a mask is missed (its pixels get no feature)."""
-    failure_rate: float = 0.08
+    failure_rate: Annotated[float, Range(ge=0, le=1)] = 0.08
     """Probability that a mask's embedding is a confuser class's."""
-    failure_strength: float = 1.0
+    failure_strength: Annotated[float, Range(ge=0, le=1)] = 1.0
     """Weight of the confuser prototype in a failed mask (1 = full replacement)."""
-    context: float = 0.15
+    context: Annotated[float, Range(ge=0, le=1)] = 0.15
     """Weight of the crop's context in a mask's embedding."""
-    noise_deg: float = 5.0
+    noise_deg: Annotated[float, Range(ge=0)] = 5.0
     """Scale of the per-mask angular noise (degrees)."""
-    edge_jitter_px: float = 1.0
+    edge_jitter_px: Annotated[float, Range(ge=0)] = 1.0
     """Amplitude of the smooth displacement of mask boundaries (pixels)."""
-    min_mask_px: int = 4
+    min_mask_px: Annotated[int, Range(ge=1)] = 4
     """Regions smaller than this get no mask."""
     failure_mode: str = "independent"
     """"independent": each mask is misrecognised alone; "azimuth": per class one arc of camera azimuth of width
     ``failure_rate`` x 360 degrees in which its masks are (needs the views' azimuths)."""
     level_probs: Optional[Tuple[float, float, float]] = None
     """Per-view probabilities of the part, object and group levels (None: the object level everywhere)."""
-    seed: int = 0
+    seed: Annotated[int, Range(ge=0)] = 0
 
     def __post_init__(self) -> None:
-        for name in ("merge_rate", "split_rate", "miss_rate", "failure_rate", "failure_strength", "context"):
-            if not 0.0 <= float(getattr(self, name)) <= 1.0:
-                raise ConfigError(f"MaskTeacherSimConfig.{name}={getattr(self, name)!r}: must be in [0, 1]")
-        if not (self.noise_deg >= 0 and self.edge_jitter_px >= 0 and self.min_mask_px >= 1):
-            raise ConfigError("MaskTeacherSimConfig: noise_deg, edge_jitter_px >= 0 and min_mask_px >= 1 are required")
-        if int(self.seed) != self.seed or self.seed < 0:
-            raise ConfigError(f"MaskTeacherSimConfig.seed={self.seed!r}: must be an integer >= 0")
+        check_fields(self)  # every numeric field against its declared Range (rh3dgs.ranges)
+        if int(self.seed) != self.seed:
+            raise ConfigError(f"MaskTeacherSimConfig.seed={self.seed!r}: must be an integer")
         if self.failure_mode not in ("independent", "azimuth"):
             raise ConfigError(f"MaskTeacherSimConfig.failure_mode={self.failure_mode!r}: must be 'independent' or 'azimuth'")
         if self.level_probs is not None:

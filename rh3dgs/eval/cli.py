@@ -21,10 +21,24 @@ from ..io.outputs import check_output_dir, check_output_file, prepare_output_dir
 __all__ = ["Eval", "cmd_eval"]
 
 
+def _suite_default(name: str):
+    """The help's default of a suite option: SuiteConfig's value of ``name`` (and --quick's where it differs)."""
+
+    def hint(_label: str) -> str:
+        from .suite import SuiteConfig
+
+        def show(v) -> str:
+            return " ".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+        full, quick = getattr(SuiteConfig(), name), getattr(SuiteConfig.quick(), name)
+        return f"(default: {show(full)}{'' if quick == full else '; --quick: ' + show(quick)})"
+
+    return hint
+
+
 @dataclass
 class Eval:
-    """Score a semantic scene against ground truth, or run the synthetic ablation suite:
-    rh3dgs eval SCENE --data DATASET | rh3dgs eval --suite synthetic [--quick]."""
+    """Score a semantic scene against ground truth (SCENE --data DATASET), or run the synthetic suite (--suite)."""
 
     scene: Annotated[Optional[str], Positional, arg(metavar="SCENE")] = None
     """semantic scene folder (rh3dgs.load) to score"""
@@ -34,38 +48,39 @@ class Eval:
     """run the ablation suite instead"""
     quick: bool = False
     """suite: 1 scene x 2 teachers, small images (a few minutes)"""
-    output: Annotated[Optional[str], arg(metavar="PATH")] = None
-    """output folder (suite default: outputs/eval_suite)"""
+    output: Annotated[Optional[str], arg(metavar="PATH", help_behavior_hint="(default: outputs/eval_suite with "
+                                                                             "--suite; none for a scene)")] = None
+    """output folder"""
     markdown: Annotated[Optional[str], arg(metavar="PATH")] = None
     """suite: also write the report here (e.g. docs/results.md)"""
-    work: Annotated[Optional[str], arg(metavar="PATH")] = None
-    """suite: folder for datasets and scene folders (default OUTPUT/work)"""
-    layouts: Optional[Tuple[int, ...]] = None
-    """suite: scene layouts (0-4; default SuiteConfig's)"""
-    teachers: Optional[Tuple[str, ...]] = None
-    """suite: teacher presets (clip-moderate, clip-strong, sam-moderate, sam-strong; default SuiteConfig's)"""
-    seed: Optional[int] = None
-    """suite: seed of the scenes and teacher draws (default SuiteConfig's: 0)"""
-    part: Optional[Literal["dev", "test"]] = None
-    """suite: a part of the widened suite (rh3dgs/eval/families.py) instead of layouts x teachers"""
-    pairs: Optional[Tuple[int, ...]] = None
-    """suite: indices of the pairs to run (default: all)"""
-    rows: Optional[Tuple[str, ...]] = None
-    """suite: names of the rows to run (default: every row of the design)"""
+    work: Annotated[Optional[str], arg(metavar="PATH", help_behavior_hint="(default: OUTPUT/work)")] = None
+    """suite: folder of the datasets and scene folders"""
+    layouts: Annotated[Optional[Tuple[int, ...]], arg(help_behavior_hint=_suite_default("layouts"))] = None
+    """suite: scene layouts, 0-4"""
+    teachers: Annotated[Optional[Tuple[str, ...]], arg(help_behavior_hint=_suite_default("teachers"))] = None
+    """suite: teacher presets (clip-moderate, clip-strong, sam-moderate or sam-strong)"""
+    seed: Annotated[Optional[int], arg(help_behavior_hint=_suite_default("seed"))] = None
+    """suite: seed of the scenes and teacher draws"""
+    part: Annotated[Optional[Literal["dev", "test"]], arg(help_behavior_hint="(default: layouts x teachers)")] = None
+    """suite: a part of the widened suite (rh3dgs/eval/families.py)"""
+    pairs: Annotated[Optional[Tuple[int, ...]], arg(help_behavior_hint="(default: all)")] = None
+    """suite: indices of the pairs to run"""
+    rows: Annotated[Optional[Tuple[str, ...]], arg(help_behavior_hint="(default: every row of the design)")] = None
+    """suite: names of the rows to run"""
     combine: Optional[Tuple[str, ...]] = None
     """suite: the output folders of the dev and test parts (in that order): write --markdown from their runs"""
     resume: bool = False
     """suite: keep the records of an earlier run in --output and compute only what is missing"""
-    heldout_radius: Optional[float] = None
-    """suite study knob: orbit radius of the held-out cameras (default: the training orbit's)"""
-    gaussian_style: Optional[Literal["surfel", "blob"]] = None
-    """suite study knob: flat surfels (default) or overlapping isotropic blobs"""
-    geometry_noise: Optional[float] = None
+    heldout_radius: Annotated[Optional[float], arg(help_behavior_hint="(default: the training orbit's)")] = None
+    """suite study knob: orbit radius of the held-out cameras"""
+    gaussian_style: Annotated[Optional[Literal["surfel", "blob"]], arg(help_behavior_hint="(default: surfel)")] = None
+    """suite study knob: flat surfels or overlapping isotropic blobs"""
+    geometry_noise: Annotated[Optional[float], arg(help_behavior_hint="(default: 0, the true Gaussians)")] = None
     """suite study knob: the methods get a jittered reconstruction of the scene (std in disk widths)"""
-    steps: Optional[int] = None
-    """suite: training steps of the trained rows (default SuiteConfig's distill_steps)"""
+    steps: Annotated[Optional[int], arg(help_behavior_hint=_suite_default("distill_steps"))] = None
+    """suite: training steps of the trained rows"""
     threads: int = 0
-    """torch threads (0 = default)"""
+    """torch threads (0: as torch chooses)"""
     overwrite: bool = False
     """replace existing outputs"""
 

@@ -26,7 +26,7 @@ ground-truth classes is never correct). See :func:`ovs3d_eval` for the one choic
 differs from the reference code by default (classes absent from both prediction and
 ground truth of a view).
 
-3D protocols (issue 20.5; each with its source and exact settings in ``docs/protocols.md``, and
+3D protocols (each with its source and exact settings in ``docs/protocols.md``, and
 reported in its own table, :func:`protocol_tables` - the field mixes them up):
 
 * **LERF-OVS 3D selection** (OpenGaussian's ``scripts/compute_lerf_iou.py``, with the per-Gaussian

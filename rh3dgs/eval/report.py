@@ -16,11 +16,15 @@ import numpy as np
 
 from .stats import PairedDifference, paired_difference
 
-__all__ = ["write_summary", "write_parts_markdown", "load_summary", "suite_markdown", "parts_markdown", "comparisons", "acceptance", "transitions",
+__all__ = ["write_summary", "write_parts_markdown", "load_summary", "suite_markdown", "parts_markdown", "keep_hand_written",
+           "HAND_WRITTEN", "comparisons", "acceptance", "transitions",
            "qualitative_sheet", "label_colors"]
 
 PathLike = Union[str, Path]
 METRICS = (("miou", "mIoU"), ("mbiou", "mBIoU"), ("miou_3d", "3D mIoU"))
+#: The line of a ``--markdown`` report (docs/results.md) from which on it is written by hand (the development
+#: draws the defaults were chosen on): a new report keeps that part.
+HAND_WRITTEN = "<!-- written by hand from here on: rh3dgs eval --markdown keeps this part -->"
 
 
 def label_colors(K: int) -> np.ndarray:
@@ -343,7 +347,10 @@ def suite_markdown(summary: Dict[str, object], image_prefix: str = "") -> str:
     cfg = summary["config"]
     rows, runs = summary["rows"], summary["runs"]
     comps = summary["comparisons_obj"]
-    lines = ["# Ground-truth suite on synthetic scenes", "", _design_line(summary), "",
+    lines = ["# Ground-truth suite on synthetic scenes", "",
+             "What this page is for: the method's numbers, every row and paired comparison of the synthetic suite "
+             "scored on held-out views against ground truth; a `--markdown` report ends with the development draws "
+             "the defaults were chosen on.", "", _design_line(summary), "",
              *([] if summary.get("complete", True) else
                [f"**PARTIAL: {summary['runs_done']} of {summary['runs_total']} runs finished when this was written.**",
                 ""]),
@@ -540,6 +547,24 @@ def _jsonable(obj):
     return obj
 
 
+def keep_hand_written(path: Path, report: str) -> str:
+    """``report`` followed by what the file at ``path`` holds from its :data:`HAND_WRITTEN` line on (``report``
+    alone when there is no such file or line).
+
+    >>> import tempfile
+    >>> p = Path(tempfile.mkdtemp()) / "r.md"
+    >>> _ = p.write_text("# old tables\\n\\n" + HAND_WRITTEN + "\\n## notes\\n")
+    >>> keep_hand_written(p, "# new tables\\n").splitlines()[2:]
+    ['<!-- written by hand from here on: rh3dgs eval --markdown keeps this part -->', '## notes']
+    """
+    try:
+        old = Path(path).read_text()
+    except FileNotFoundError:
+        return report
+    at = old.find(HAND_WRITTEN)
+    return report if at < 0 else report.rstrip("\n") + "\n\n" + old[at:]
+
+
 def write_summary(out: Path, cfg, rows: Sequence[str], runs: List[dict], sheets: List[str], quick: bool,
                   seconds: float, markdown_path: Optional[PathLike], records=None) -> Dict[str, object]:
     """``results.json`` and ``results.md`` (and ``markdown_path``) of a run's records; ``records`` (the run's saved
@@ -572,7 +597,7 @@ def write_summary(out: Path, cfg, rows: Sequence[str], runs: List[dict], sheets:
     atomic_save_bytes(out / "results.md", md.encode())
     if markdown_path is not None:
         mp = Path(markdown_path)
-        atomic_save_bytes(mp, suite_markdown(summary, _relative_prefix(out, mp)).encode())
+        atomic_save_bytes(mp, keep_hand_written(mp, suite_markdown(summary, _relative_prefix(out, mp))).encode())
     summary.pop("comparisons_obj")
     return summary
 
@@ -597,7 +622,8 @@ def write_parts_markdown(outs: Dict[str, PathLike], markdown_path: PathLike, max
     """``markdown_path`` (e.g. ``docs/results.md``) from the runs of the development and test parts in ``outs``.
 
     Each part's ``results.json``, ``results.md``, plots and first ``max_sheets`` qualitative sheets are copied next to
-    it, into ``results/<part>/`` (the run folders keep their records, maps and datasets)."""
+    it, into ``results/<part>/`` (the run folders keep their records, maps and datasets); what the file holds from its
+    :data:`HAND_WRITTEN` line on is kept."""
     import shutil
 
     from ..io.atomic import atomic_save_bytes
@@ -613,4 +639,4 @@ def write_parts_markdown(outs: Dict[str, PathLike], markdown_path: PathLike, max
         for f in ["results.json", "results.md", *s["pngs"]]:
             shutil.copyfile(Path(o) / f, dest / f)
         parts[name], prefixes[name] = s, _relative_prefix(dest, mp)
-    return atomic_save_bytes(mp, parts_markdown(parts, prefixes).encode())
+    return atomic_save_bytes(mp, keep_hand_written(mp, parts_markdown(parts, prefixes)).encode())

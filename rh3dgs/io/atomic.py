@@ -7,7 +7,13 @@ file system, which a sibling temp file guarantees). If anything fails - an excep
 the ``with`` body, Ctrl-C, a full disk - the temp file is removed and ``path`` is left
 exactly as it was (absent, or the previous complete file). A crash of the whole process
 can at worst leave a hidden ``.<name>.<random>.tmp`` sibling behind, never a partial
-file at ``path``.
+file at ``path``. An operating-system error while writing (a full disk, a quota, no permission, a
+read-only file system) is one :class:`~rh3dgs.errors.OutputError` line naming ``path``.
+
+Folders (a scene, a dataset, a query's PNGs: any output of several files) are replaced the same way by
+:func:`atomic_folder`: built as a hidden sibling, then swapped with the old folder in one rename
+(``renameat2(RENAME_EXCHANGE)`` on Linux), so a failure at any byte - or a kill - leaves the old folder
+whole and loadable.
 
 Notes:
     * Missing parent folders are created.
@@ -24,20 +30,24 @@ Notes:
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import io
 import json
 import os
 import secrets
+import shutil
 import stat
 from pathlib import Path
 from typing import IO, Any, Iterator, Mapping, Optional, Union
 
 import numpy as np
 
-from ..errors import ConfigError, NonFiniteError, ShapeError
+from ..errors import ConfigError, NonFiniteError, OutputError, ShapeError
 
 __all__ = [
     "atomic_write",
+    "atomic_folder",
     "check_replaceable",
     "stale_temp_files",
     "atomic_save_bytes",
@@ -45,12 +55,27 @@ __all__ = [
     "atomic_save_json",
     "atomic_save_npz",
     "atomic_save_png",
+    "file_sha256",
 ]
 
 PathLike = Union[str, os.PathLike]
 
+#: how atomic_write opens its temp file's descriptor (tests replace it to inject write failures, e.g. a full disk)
+_fdopen = os.fdopen
+
 _TEXT_MODES = {"w", "wt"}
 _BINARY_MODES = {"wb"}
+
+
+def file_sha256(path: PathLike, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file's bytes (what scene folders and the feature cache record of the files they write)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _tmp_name(path: Path) -> Path:
@@ -146,14 +171,17 @@ def atomic_write(path: PathLike, mode: str = "wb", encoding: str = "utf-8") -> I
     if path.is_dir():
         raise IsADirectoryError(f"{path}: is a directory, cannot write a file there")
     check_replaceable(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-
-    tmp, fd = _open_exclusive(path)
+    kept = "the previous file is unchanged" if os.path.lexists(path) else "nothing was written"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp, fd = _open_exclusive(path)
+    except OSError as e:
+        raise _output_error(path, e, kept) from e
     try:
         if mode in _BINARY_MODES:
-            f: IO = os.fdopen(fd, "wb")
+            f: IO = _fdopen(fd, "wb")
         else:
-            f = os.fdopen(fd, "w", encoding=encoding, newline="\n")
+            f = _fdopen(fd, "w", encoding=encoding, newline="\n")
     except BaseException:
         os.close(fd)
         with contextlib.suppress(OSError):
@@ -174,13 +202,139 @@ def atomic_write(path: PathLike, mode: str = "wb", encoding: str = "utf-8") -> I
                 os.close(fd2)
         check_replaceable(path)  # again: something special may have appeared there while we wrote
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(Exception):
             f.close()
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        os_error = _os_error_in(e)
+        if os_error is not None:
+            raise _output_error(path, os_error, kept) from e
         raise
     _fsync_dir(path.parent)
+
+
+def _os_error_in(e: BaseException):
+    """The OSError ``e`` is, or that it was raised while handling (a serializer such as ``torch.save`` turns the
+    ``ENOSPC`` of its file's ``write`` into a RuntimeError); None if there is none."""
+    seen = 0
+    while e is not None and seen < 8:
+        if isinstance(e, OSError):
+            return e
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return None
+
+
+def _output_error(path: Path, e: OSError, kept: str) -> OutputError:
+    return OutputError(path, e.strerror or " ".join(str(e).split()) or type(e).__name__, kept)
+
+
+# ---------------------------------------------------------------------------- folders
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the paths ``a`` and ``b`` in one step (Linux ``renameat2(RENAME_EXCHANGE)``); False where the
+    system or the file system cannot (the caller then renames twice)."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), os.fspath(b))
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)  # the same bytes, no space used: the old folder's copy goes with it
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _carry_over(old: Path, new: Path) -> None:
+    """Entries of ``old`` the new folder does not have (a user's own files, or the old scene's transforms.json
+    when the new one has no cameras): linked (or copied) into ``new``, so that nothing a user had is lost."""
+    for entry in old.iterdir():
+        target = new / entry.name
+        if os.path.lexists(target) or (entry.name.startswith(".") and entry.name.endswith(".tmp")):
+            continue
+        if entry.is_symlink():
+            os.symlink(os.readlink(entry), target)
+        elif entry.is_dir():
+            shutil.copytree(entry, target, symlinks=True, copy_function=_link_or_copy)
+        elif entry.is_file():
+            _link_or_copy(str(entry), str(target))
+
+
+@contextlib.contextmanager
+def atomic_folder(path: PathLike, carry_over: bool = True) -> Iterator[Path]:
+    """Build a folder that replaces ``path`` only if the block succeeds: yields a new, empty hidden sibling
+    (``.<name>.<random>.tmp``) to write into.
+
+    On success the entries of an existing ``path`` that the block did not write are linked into the new
+    folder (``carry_over``: a user's other files survive an ``--overwrite``), then the two folders are
+    swapped in one rename (Linux ``renameat2(RENAME_EXCHANGE)``; elsewhere two renames, between which
+    ``path`` is briefly absent) and the old one is deleted. On any failure (an exception, Ctrl-C, a full
+    disk) the new folder is deleted and ``path`` is exactly as it was; operating-system errors are one
+    :class:`~rh3dgs.errors.OutputError` line naming ``path``. A killed process can leave the hidden sibling
+    behind (:func:`stale_temp_files`), never a partial ``path``.
+
+    Example::
+
+        with atomic_folder("out/scene") as tmp:
+            save_ply(tmp / "semantic.ply", gaussians)
+            atomic_save_json(tmp / "rh3dgs.json", meta)   # out/scene now holds both, or neither changed
+    """
+    path = Path(path)
+    check_replaceable(path)
+    if os.path.lexists(path) and not path.is_dir():
+        raise ConfigError(f"output {path} exists and is not a folder")
+    kept = f"{path} is unchanged" if path.is_dir() else "nothing was written"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _tmp_name(path)
+        tmp.mkdir()
+    except OSError as e:
+        raise _output_error(path, e, kept) from e
+    try:
+        yield tmp
+        old = path.is_dir()
+        if old:
+            with contextlib.suppress(OSError):
+                os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))
+            if carry_over:
+                _carry_over(path, tmp)
+        _fsync_dir(tmp)
+        check_replaceable(path)
+        if not old:
+            os.rename(tmp, path)
+        elif not _exchange(tmp, path):
+            aside = _tmp_name(path)
+            os.rename(path, aside)
+            try:
+                os.rename(tmp, path)
+            except BaseException:
+                os.rename(aside, path)  # the old folder back where it was
+                raise
+            tmp = aside
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(tmp)
+        if isinstance(e, OutputError):  # a file inside the new folder: say which folder was kept
+            raise OutputError(path, e.reason, kept) from e
+        os_error = _os_error_in(e)
+        if os_error is not None:
+            raise _output_error(path, os_error, kept) from e
+        raise
+    _fsync_dir(path.parent)
+    if old:
+        shutil.rmtree(tmp, ignore_errors=True)  # the old folder, now under the hidden name
 
 
 # ---------------------------------------------------------------------------- helpers

@@ -42,6 +42,7 @@ from torch import Tensor
 from ..cameras import Cameras
 from ..errors import InputFileError
 from ..gaussians import Gaussians
+from ..memory import read_text_sized
 
 __all__ = ["Similarity", "FrameError", "transform_gaussians", "transform_c2w", "read_dataparser_transforms",
            "applied_transform", "nerfstudio_to_data", "frame_fit", "photometric_error", "to_data_frame", "rotate_sh", "FRAMES",
@@ -186,7 +187,7 @@ def read_dataparser_transforms(path: PathLike) -> Similarity:
     """``dataparser_transforms.json`` (``{"transform": 3x4, "scale": s}``) -> the map capture -> nerfstudio."""
     path = Path(path)
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
+        meta = json.loads(read_text_sized(path, "a dataparser transform"))
         T = torch.tensor(meta["transform"], dtype=torch.float64).reshape(3, 4)
         scale = float(meta["scale"])
     except (OSError, ValueError, RecursionError, KeyError, TypeError, RuntimeError) as exc:
@@ -204,7 +205,7 @@ def applied_transform(data_dir: Optional[PathLike]) -> Similarity:
     tj = data_dir / "transforms.json" if data_dir.is_dir() or data_dir.suffix != ".json" else data_dir
     root = tj.parent
     try:
-        meta = json.loads(tj.read_text(encoding="utf-8")) if tj.is_file() else {}
+        meta = json.loads(read_text_sized(tj, "a transforms.json")) if tj.is_file() else {}
     except (OSError, ValueError, RecursionError):
         meta = {}  # transforms.json's own reader reports it
     A = meta.get("applied_transform") if isinstance(meta, dict) else None
@@ -282,7 +283,9 @@ def photometric_error(g: Gaussians, cameras: Cameras, images: Sequence[PathLike]
     import numpy as np
     from PIL import Image
 
+    from ..errors import Rh3dgsError
     from ..rendering import render
+    from .images import open_image
 
     idx = sorted({round(i * (len(cameras) - 1) / max(1, views - 1)) for i in range(min(views, len(cameras)))})
     f = min(1.0, max_side / max(cameras.width, cameras.height))
@@ -290,9 +293,9 @@ def photometric_error(g: Gaussians, cameras: Cameras, images: Sequence[PathLike]
     errs = []
     for i in idx:
         try:
-            with Image.open(images[i]) as im:
+            with open_image(images[i]) as im:  # sized before decoding
                 ref = torch.from_numpy(np.asarray(im.convert("RGB").resize((w, h), Image.BILINEAR)).copy()).float() / 255
-        except (OSError, ValueError, IndexError):
+        except (Rh3dgsError, IndexError):  # unreadable, or too large to decode: no score
             return None
         K = cameras.Ks[i:i + 1].clone()
         K[:, 0] *= w / cameras.width

@@ -23,15 +23,20 @@ changes them (source file size and time, intrinsics, coefficients, factor), and 
 """
 from __future__ import annotations
 
+import collections.abc
+import contextlib
 import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from ..errors import CameraFormatError, InputFileError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import PIL.Image
 
 __all__ = [
     "opencv_coefficients",
@@ -39,7 +44,9 @@ __all__ = [
     "undistort_image",
     "downscale_image",
     "read_rgb",
+    "open_image",
     "process_images",
+    "LazyImages",
     "default_image_cache",
 ]
 
@@ -117,15 +124,49 @@ def downscale_image(image: np.ndarray, factor: int) -> np.ndarray:
     return np.asarray(out)
 
 
-def read_rgb(path: PathLike) -> np.ndarray:
-    """An image file as ``[H, W, 3]`` uint8 RGB; :class:`InputFileError` naming it if unreadable."""
+@contextlib.contextmanager
+def open_image(path: PathLike, error: Callable[[Path, str], Exception] = InputFileError,
+               undistort: bool = False) -> Iterator["PIL.Image.Image"]:
+    """The PIL image of ``path`` with only its header read, once its size is known to fit: every image rh3dgs
+    reads is opened here.
+
+    PIL reads the size lazily; before any pixel is decoded, an image over PIL's decompression-bomb limit
+    (``DecompressionBombError``) is refused with one ``error(path, message)`` line, and one whose decoding
+    (:func:`rh3dgs.memory.image_memory_estimate`) exceeds the memory budget with a
+    :class:`~rh3dgs.errors.MemoryLimitError`. A file PIL cannot open or decode (in the ``with`` body too) is
+    ``error(path, "cannot read image (...)")``.
+
+    Example::
+
+        with open_image("images/0001.png") as im:
+            rgb = np.asarray(im.convert("RGB"))
+    """
     from PIL import Image, UnidentifiedImageError
 
+    from ..memory import check_memory, image_memory_estimate
+
+    path = Path(path)
     try:
-        with Image.open(path) as im:
-            return np.asarray(im.convert("RGB"))
+        im = Image.open(path)
+    except Image.DecompressionBombError as e:
+        raise error(path, f"refused before decoding: {e}") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
-        raise InputFileError(path, f"cannot read image ({type(e).__name__}: {e})") from None
+        raise error(path, f"cannot read image ({type(e).__name__}: {e})") from None
+    with im:
+        w, h = im.size
+        check_memory(image_memory_estimate(h, w, undistort=undistort), f"{path}: decoding a {w}x{h} image",
+                     knobs=["a downscaled copy of the images (--downscale N, images_N folders)"])
+        try:
+            yield im
+        except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as e:
+            raise error(path, f"cannot read image ({type(e).__name__}: {e})") from None
+
+
+def read_rgb(path: PathLike) -> np.ndarray:
+    """An image file as ``[H, W, 3]`` uint8 RGB (sized first: :func:`open_image`); :class:`InputFileError`
+    naming it if unreadable."""
+    with open_image(path) as im:
+        return np.asarray(im.convert("RGB"))
 
 
 def default_image_cache(json_path: Path) -> Path:
@@ -153,7 +194,6 @@ def process_images(json_path: Path, sources: Sequence[Path], out_names: Sequence
     ``out_names[i]`` is the output's path relative to the cache folder (keeps the image stem).
     Raises :class:`CameraFormatError` naming ``json_path`` when the cache cannot be written.
     """
-    from ..memory import check_memory, image_memory_estimate
     from ..progress import track
     from .atomic import atomic_save_json, atomic_save_png
 
@@ -185,17 +225,46 @@ def process_images(json_path: Path, sources: Sequence[Path], out_names: Sequence
         raise CameraFormatError(json_path, f"cannot write the undistorted / downscaled images to {folder} ({e}); "
                                            "pass another cache folder (--cache DIR, load_transforms(image_cache=...))"
                                 ) from None
-    from PIL import Image
-
     for i in track(todo, description="undistorting / downscaling images", total=len(todo), disable=not progress):
-        with Image.open(sources[i]) as im:  # header only: the preflight before decoding
-            w, h = im.size
-        check_memory(image_memory_estimate(h, w, undistort=bool(np.any(coeffs[i]))), f"reading image {sources[i]}",
-                     detail=f"{w}x{h} RGB decoded and undistorted",
-                     knobs=["a downscaled copy of the images (images_N folders, ns-process-data)"])
-        img = downscale_image(read_rgb(sources[i]), factors[i])
+        with open_image(sources[i], undistort=bool(np.any(coeffs[i]))) as im:  # sized before decoding
+            img = np.asarray(im.convert("RGB"))
+        img = downscale_image(img, factors[i])
         img, _ = undistort_image(img, Ks[i], coeffs[i], crop)
         outs[i].parent.mkdir(parents=True, exist_ok=True)
         atomic_save_png(outs[i], img)
     atomic_save_json(manifest_path, {**manifest, **records})
     return outs
+
+
+class LazyImages(collections.abc.Sequence):
+    """:func:`process_images`' results made one at a time: ``images[j]`` downscales and undistorts source ``j``
+    into the cache on first access (reusing an up-to-date result), then returns its path. Same arguments as
+    :func:`process_images` (without ``progress``). For readers that need few of a dataset's images, or none
+    (``rh3dgs.load`` of a trained run: its cameras need no pixels).
+
+    >>> imgs = LazyImages(json_path, sources, names, Ks, coeffs, factors, crop, cache)  # doctest: +SKIP
+    >>> imgs[3]            # only image 3 is processed (once)                            # doctest: +SKIP
+    PosixPath('data/fox/.rh3dgs_cache/images/4e1c.../images/0004.png')
+    """
+
+    def __init__(self, json_path: Path, sources: Sequence[Path], out_names: Sequence[str], Ks: Sequence[np.ndarray],
+                 coeffs: Sequence[np.ndarray], factors: Sequence[int], crop: Optional[Tuple[int, int]],
+                 cache: Path) -> None:
+        self._args = (json_path, list(sources), list(out_names), list(Ks), list(coeffs), list(factors), crop, cache)
+        self._done: Dict[int, Path] = {}
+
+    def __len__(self) -> int:
+        return len(self._args[1])
+
+    def __getitem__(self, j):  # type: ignore[override]
+        if isinstance(j, slice):
+            return [self[i] for i in range(*j.indices(len(self)))]
+        j = range(len(self))[j]  # negative indices, IndexError
+        if j not in self._done:
+            json_path, sources, names, Ks, coeffs, factors, crop, cache = self._args
+            self._done[j] = process_images(json_path, [sources[j]], [names[j]], [Ks[j]], [coeffs[j]], [factors[j]],
+                                           crop, cache, progress=False)[0]
+        return self._done[j]
+
+    def __repr__(self) -> str:
+        return f"LazyImages({len(self)} images, {len(self._done)} made)"

@@ -15,7 +15,7 @@ parses it with PyYAML's ``SafeLoader`` plus exactly the tags nerfstudio writes f
 configs, each one restricted:
 
 * ``!!python/object:M.Cls`` (a mapping): ``Cls`` must be a dataclass of a ``nerfstudio.`` /
-  ``rh3dgs.`` module; built with ``Cls.__new__`` and its fields set (no ``__init__`` runs, as
+  ``rh3dgs.`` module (or of an installed nerfstudio plugin's package: :func:`config_modules`); built with ``Cls.__new__`` and its fields set (no ``__init__`` runs, as
   with ``yaml.Loader``);
 * ``!!python/object/apply:pathlib.PosixPath [parts]``: ``Path(*parts)`` (also ``Path`` and
   ``WindowsPath``; ``PurePath``, ``PurePosixPath``, ``PureWindowsPath`` as themselves);
@@ -41,8 +41,9 @@ the run folder's place, ``<folder>/<output_dir>/<experiment>/<method>/<timestamp
 absolute: the dataset's cameras and the teacher spec (``features_dir``, ``checkpoint``, ``cache_dir``)
 name the same files whatever the working directory.
 
-Checkpoints are read with ``torch.load(weights_only=True)`` (what torch >= 2.6 does by
-default; rh3dgs checkpoints hold only tensors and plain containers). A checkpoint that needs
+Checkpoints are verified first (:func:`verify_checkpoint`: the CRC-32 of every record of torch's zip,
+the records' sizes against the memory budget), then read with ``torch.load(weights_only=True)`` (what
+torch >= 2.6 does by default; rh3dgs checkpoints hold only tensors and plain containers). A checkpoint that needs
 full unpickling (e.g. written by another nerfstudio model) is retried with
 ``weights_only=False`` only when ``trust_checkpoint=True``.
 """
@@ -51,6 +52,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
+import functools
 import importlib
 import os
 import pathlib
@@ -65,12 +67,14 @@ from torch import Tensor
 
 from ..cameras import Cameras, OPENGL_TO_OPENCV
 from ..errors import Rh3dgsError
+from ..ranges import RangeError, check_fields
 from ..gaussians import SH_C0, Gaussians
 from .coordinate_frames import (DATAPARSER_TRANSFORMS, Similarity, nerfstudio_to_data, rotate_sh, transform_c2w,
                      transform_gaussians)
 
-__all__ = ["load_nerfstudio_scene", "export_semantic_ply", "load_run_config", "find_checkpoint",
-           "checkpoints_newest_first", "load_checkpoint", "rotate_sh", "training_dir", "NerfstudioRunError"]
+__all__ = ["load_nerfstudio_scene", "run_images", "export_semantic_ply", "load_run_config", "parse_run_config",
+           "config_modules", "find_checkpoint", "checkpoints_newest_first", "load_checkpoint", "verify_checkpoint",
+           "rotate_sh", "training_dir", "NerfstudioRunError"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -80,8 +84,34 @@ class NerfstudioRunError(Rh3dgsError):
 
 
 # ------------------------------------------------------------------------- config.yml
-_CONFIG_MODULES = ("nerfstudio.", "rh3dgs.")  # dataclasses and enums of these
-_CLASS_MODULES = _CONFIG_MODULES + ("torch.optim.",)  # classes named by !!python/name (e.g. _target)
+_CORE_MODULES = ("nerfstudio.", "rh3dgs.")
+_PLUGIN_GROUPS = ("nerfstudio.method_configs", "nerfstudio.dataparser_configs")
+_PLUGIN_ENV = ("NERFSTUDIO_METHOD_CONFIGS", "NERFSTUDIO_DATAPARSER_CONFIGS")
+
+
+@functools.lru_cache(maxsize=None)
+def config_modules() -> Tuple[str, ...]:
+    """Module prefixes whose dataclasses, enums and classes a run config may name: nerfstudio's, rh3dgs', and
+    the top-level package of every installed nerfstudio plugin (its ``nerfstudio.method_configs`` /
+    ``nerfstudio.dataparser_configs`` entry points, ``NERFSTUDIO_METHOD_CONFIGS``): code nerfstudio imports
+    anyway, so that another method's run (e.g. a LERF run) still opens where rh3dgs is installed."""
+    from importlib.metadata import entry_points
+
+    tops = set()
+    try:
+        for group in _PLUGIN_GROUPS:
+            tops.update(ep.value.split(":")[0].split(".")[0] for ep in entry_points(group=group))
+    except Exception:  # noqa: BLE001 - broken package metadata: only the core modules
+        pass
+    for var in _PLUGIN_ENV:
+        for item in os.environ.get(var, "").split(","):
+            target = item.partition("=")[2].strip()
+            if target:
+                tops.add(target.split(":")[0].split(".")[0])
+    tops.discard("")
+    return _CORE_MODULES + tuple(sorted(f"{t}." for t in tops if f"{t}." not in _CORE_MODULES))
+
+
 # a path written on any OS is this OS's Path (yaml.Loader cannot build a WindowsPath on Linux)
 _PATH_CLASSES = {**{f"pathlib.{n}": pathlib.Path for n in ("Path", "PosixPath", "WindowsPath")},
                  **{f"pathlib.{n}": getattr(pathlib, n) for n in ("PurePath", "PurePosixPath", "PureWindowsPath")}}
@@ -94,8 +124,10 @@ def _refuse(node, problem: str):
     return yaml.constructor.ConstructorError(None, None, f"{tag} {problem}", node.start_mark)
 
 
-def _find(name: str, modules: Tuple[str, ...], node) -> Any:
-    """``module.attr`` for a module under one of ``modules``; nothing is imported for any other name."""
+def _find(name: str, node, classes: bool = False) -> Any:
+    """``module.attr`` for a module under :func:`config_modules` (``classes``: also ``torch.optim.``, for the
+    optimizers a config names by class); nothing is imported for any other name."""
+    modules = config_modules() + (("torch.optim.",) if classes else ())
     module, _, attr = name.rpartition(".")
     if not module or not attr or not (module + ".").startswith(modules):
         raise _refuse(node, "is not allowed: a nerfstudio run config names only classes of "
@@ -109,7 +141,7 @@ def _find(name: str, modules: Tuple[str, ...], node) -> Any:
 
 
 def _python_object(loader, suffix: str, node):
-    cls = _find(suffix, _CONFIG_MODULES, node)
+    cls = _find(suffix, node)
     if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)) or not isinstance(node, yaml.MappingNode):
         raise _refuse(node, "is not a config dataclass with fields")
     obj = cls.__new__(cls)
@@ -117,7 +149,14 @@ def _python_object(loader, suffix: str, node):
     state = loader.construct_mapping(node, deep=True)
     if not all(isinstance(k, str) for k in state):
         raise _refuse(node, "has field names that are not strings")
-    vars(obj).update(state)
+    try:
+        if hasattr(obj, "__setstate__"):  # as yaml.Loader does (a config class may complete itself there)
+            obj.__setstate__(state)
+        else:
+            vars(obj).update(state)
+        check_fields(obj)  # the numbers a run stores are checked as the command line checks them
+    except RangeError as e:
+        raise _refuse(node, f"holds a value out of range: {e}") from None
 
 
 def _python_apply(loader, suffix: str, node):
@@ -125,7 +164,7 @@ def _python_apply(loader, suffix: str, node):
         raise _refuse(node, "must be followed by a list of arguments")
     cls = _PATH_CLASSES.get(suffix)
     if cls is None:
-        cls = _find(suffix, _CONFIG_MODULES, node)
+        cls = _find(suffix, node)
         if not (isinstance(cls, type) and issubclass(cls, enum.Enum)):
             raise _refuse(node, "is not allowed: only paths and enums are built from arguments")
     args = loader.construct_sequence(node, deep=True)
@@ -138,7 +177,7 @@ def _python_apply(loader, suffix: str, node):
 
 
 def _python_name(loader, suffix: str, node):
-    obj = _find(suffix, _CLASS_MODULES, node)
+    obj = _find(suffix, node, classes=True)
     if not isinstance(obj, type):
         raise _refuse(node, "is not a class")
     return obj
@@ -160,19 +199,32 @@ _RunConfigLoader.add_multi_constructor(_YAML_PYTHON + "name:", _python_name)
 _RunConfigLoader.add_multi_constructor(_YAML_PYTHON, _python_other)  # last: every other python/ tag
 
 
+def parse_run_config(text: Union[str, bytes], source: PathLike):
+    """A run config's YAML ``text`` (read from ``source``, which the errors name) -> its TrainerConfig, parsed
+    without running code (module docstring). What :func:`load_run_config` and the plugin's guard of
+    nerfstudio's own ``yaml.load`` calls (:mod:`rh3dgs.nerfstudio.run_guard`) use."""
+    try:
+        return yaml.load(text, Loader=_RunConfigLoader)
+    except yaml.MarkedYAMLError as e:
+        line = f"line {e.problem_mark.line + 1}: " if e.problem_mark is not None else ""
+        raise NerfstudioRunError(f"{source}: {line}cannot read the nerfstudio config ({e.problem})") from None
+    except (yaml.YAMLError, ValueError, RecursionError) as e:
+        msg = " ".join(str(e).split())
+        raise NerfstudioRunError(f"{source}: cannot read the nerfstudio config ({type(e).__name__}: {msg})") from None
+
+
 def load_run_config(config_yml: PathLike):
     """The TrainerConfig stored in a run's ``config.yml``, parsed without running code (module docstring)."""
+    from ..memory import read_text_sized
+
     path = Path(config_yml)
     if not path.is_file():
         raise NerfstudioRunError(f"{path}: nerfstudio config file not found")
     try:
-        return yaml.load(path.read_text(encoding="utf-8"), Loader=_RunConfigLoader)
-    except yaml.MarkedYAMLError as e:
-        line = f"line {e.problem_mark.line + 1}: " if e.problem_mark is not None else ""
-        raise NerfstudioRunError(f"{path}: {line}cannot read the nerfstudio config ({e.problem})") from None
-    except (yaml.YAMLError, OSError, ValueError, RecursionError) as e:
-        msg = " ".join(str(e).split())
-        raise NerfstudioRunError(f"{path}: cannot read the nerfstudio config ({type(e).__name__}: {msg})") from None
+        text = read_text_sized(path, "a nerfstudio config")
+    except (OSError, ValueError) as e:
+        raise NerfstudioRunError(f"{path}: cannot read the nerfstudio config ({type(e).__name__}: {e})") from None
+    return parse_run_config(text, path)
 
 
 def checkpoints_newest_first(folder: Path) -> List[Tuple[int, Path]]:
@@ -203,15 +255,29 @@ def find_checkpoint(config_yml: PathLike, config=None, step: Optional[int] = Non
     return p
 
 
+def verify_checkpoint(path: PathLike) -> int:
+    """Check a checkpoint before anything is unpickled (:func:`rh3dgs.io.npy.check_torch_zip`: the CRC-32 of
+    every record of torch's zip, the records' sizes against the memory budget); returns the bytes they hold.
+    Empty, truncated, damaged or foreign files are one :class:`NerfstudioRunError` line naming the file."""
+    from .npy import check_torch_zip
+
+    return check_torch_zip(path, lambda p, msg: NerfstudioRunError(f"{p}: {msg}"), "checkpoint")
+
+
 def load_checkpoint(path: PathLike, trust_checkpoint: bool = False) -> Dict[str, Any]:
-    """``torch.load`` with ``weights_only=True``; with ``trust_checkpoint`` falls back to full unpickling."""
+    """:func:`verify_checkpoint`, then ``torch.load`` with ``weights_only=True`` (memory-mapped); with
+    ``trust_checkpoint`` falls back to full unpickling. Every failure is one :class:`NerfstudioRunError` line."""
+    verify_checkpoint(path)
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as e:
         if not trust_checkpoint:
             raise NerfstudioRunError(f"{path}: checkpoint needs full unpickling (weights_only=False); pass "
                                      f"trust_checkpoint=True if you trust it ({str(e).splitlines()[0]})") from None
         return torch.load(path, map_location="cpu", weights_only=False)
+    except (RuntimeError, OSError, EOFError, ValueError, KeyError, TypeError) as e:
+        msg = " ".join(str(e).split())[:200]
+        raise NerfstudioRunError(f"{path}: cannot load the checkpoint ({type(e).__name__}: {msg})") from None
 
 
 def _model_state(ckpt: Dict[str, Any], path: Path) -> Dict[str, Tensor]:
@@ -286,6 +352,40 @@ def _teacher_config(config, root: Path):
     return out
 
 
+def run_images(config_yml: PathLike, config=None):
+    """The run's cameras and images as it trained on them: :func:`rh3dgs.io.transforms.load_posed_images` of its
+    dataset with its data parser's ``downscale_factor`` (nerfstudio's automatic factor when unset),
+    ``skip_missing_images`` and image cache, ``lazy``: no image is read, undistorted or resized until one is
+    asked for (``images[i]``, once). None when the dataset or its transforms.json is not there."""
+    config = config if config is not None else load_run_config(config_yml)
+    root = training_dir(config_yml, config)
+    return _run_posed_images(config, root, _data_dir(config, root))
+
+
+def _run_posed_images(config, root: Path, data_dir: Optional[Path]):
+    from .transforms import load_posed_images, nerfstudio_downscale
+
+    if data_dir is None or not (data_dir / "transforms.json").is_file():
+        return None
+    dp = getattr(config.pipeline.datamanager, "dataparser", None)
+    cache = _resolve(getattr(dp, "image_cache_dir", None), root)
+    options = dict(skip_missing_images=bool(getattr(dp, "skip_missing_images", False)), image_cache=cache)
+    try:
+        factor = nerfstudio_downscale(data_dir, getattr(dp, "downscale_factor", None))
+    except Rh3dgsError:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # frames the run left out: said when it trained
+        try:
+            return load_posed_images(data_dir, check_images=False, downscale=factor, lazy=True, progress=False,
+                                     **options)
+        except Rh3dgsError:  # images moved or gone: the cameras alone, at the run's resolution
+            try:
+                return load_posed_images(data_dir, check_images=False, require_images=False, downscale=factor)
+            except Rh3dgsError:
+                return None
+
+
 def load_nerfstudio_scene(
     config_yml: PathLike,
     device: Union[str, torch.device] = "cpu",
@@ -304,8 +404,9 @@ def load_nerfstudio_scene(
 
     Returns:
         ``(gaussians, decoder, cameras, teacher_spec)``: :class:`rh3dgs.Gaussians` with
-        ``latents`` [N, d]; the decoder [D, d]; the dataset's cameras in ``frame`` (None when the
-        data folder or its transforms.json is not there); the teacher as a spec dict
+        ``latents`` [N, d]; the decoder [D, d]; the dataset's cameras in ``frame``, at the resolution the run
+        trained at (its ``downscale_factor``, undistorted intrinsics, the frames it used: :func:`run_images`;
+        no image is read) or None when the data folder or its transforms.json is not there; the teacher as a spec dict
         (:func:`rh3dgs.teachers.teacher_from_spec`), with ``features_dir`` resolved.
     """
     config_yml = Path(config_yml)
@@ -342,21 +443,15 @@ def load_nerfstudio_scene(
     gaussians = gaussians.to(device)
     decoder = state["decoder"].float().to(device)
 
-    cameras = None
-    if data_dir is not None and (data_dir / "transforms.json").is_file():
-        from .transforms import load_transforms
-
-        try:
-            cameras, _ = load_transforms(data_dir, check_images=False)
-        except Rh3dgsError:
-            cameras = None
-        if cameras is not None and frame == "nerfstudio":
-            c2w = transform_c2w(cameras.c2w_opengl.double(), ns_to_data.inverse())
-            viewmats = torch.linalg.inv(c2w @ OPENGL_TO_OPENCV.double()).float()
-            cameras = Cameras(viewmats=viewmats, Ks=cameras.Ks, width=cameras.width, height=cameras.height,
-                              names=cameras.names)
-        if cameras is not None:
-            cameras = cameras.to(device)
+    posed = _run_posed_images(config, root, data_dir)
+    cameras = None if posed is None else posed.cameras
+    if cameras is not None and frame == "nerfstudio":
+        c2w = transform_c2w(cameras.c2w_opengl.double(), ns_to_data.inverse())
+        viewmats = torch.linalg.inv(c2w @ OPENGL_TO_OPENCV.double()).float()
+        cameras = Cameras(viewmats=viewmats, Ks=cameras.Ks, width=cameras.width, height=cameras.height,
+                          names=cameras.names)
+    if cameras is not None:
+        cameras = cameras.to(device)
 
     teacher_spec: Dict[str, Any] = {}
     tcfg = _teacher_config(config, root)

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterable, List, Optional, Union
+from typing import Iterable, List, Optional, Sequence, Tuple, Union
 
 from ..errors import ConfigError
 from .atomic import check_replaceable
 
-__all__ = ["check_output_file", "check_output_dir", "prepare_output_dir", "check_not_input", "scene_inputs"]
+__all__ = ["check_output_file", "check_output_dir", "prepare_output_dir", "check_not_input", "scene_inputs",
+           "check_disk_space", "distinct_names"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -119,6 +120,56 @@ def prepare_output_dir(path: PathLike, overwrite: bool, inputs: Iterable[Optiona
     return out
 
 
+def check_disk_space(path: PathLike, need: float, what: str) -> None:
+    """Raise :class:`ConfigError` (one line) if the file system that will hold ``path`` (or its nearest existing
+    parent) has less than ``need`` bytes free: a job whose outputs cannot fit is refused before it starts.
+
+    Example::
+
+        check_disk_space("out/data", 2e12, "a synthetic dataset of 10000000 views")   # ConfigError: ... free
+    """
+    import shutil
+
+    from ..memory import format_bytes
+
+    where = next((p for p in (Path(path), *Path(path).absolute().parents) if p.exists()), None)
+    if where is None:
+        return
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        return  # the writer reports what the system refuses
+    if need > free:
+        raise ConfigError(f"{path}: {what} needs ~{format_bytes(need)} on disk, the file system of {where} has "
+                          f"{format_bytes(free)} free")
+
+
+def distinct_names(names: Sequence[str], what: str = "outputs") -> Tuple[List[str], Optional[str]]:
+    """``names`` (output file names or stems of one folder) made distinct, and a note saying what changed (None
+    when nothing did): a name equal to an earlier one - or equal but for case, one file on a case-insensitive
+    file system - gets ``-<k>``, k its position in the list. Two inputs never write one output silently.
+
+    >>> distinct_names(["a", "b", "A", "a"], "views")
+    (['a', 'b', 'A-2', 'a-3'], 'views named like an earlier one (A, a) are written as A-2, a-3')
+    """
+    seen = {n.casefold() for n in names}
+    taken, out, changed = set(), [], []
+    for k, n in enumerate(names):
+        name = n
+        if name.casefold() in taken:
+            name = f"{n}-{k}"
+            while name.casefold() in taken or name.casefold() in seen:
+                name += "_"
+            changed.append((n, name))
+        taken.add(name.casefold())
+        out.append(name)
+    if not changed:
+        return out, None
+    shown = lambda xs: ", ".join(xs[:5]) + (", ..." if len(xs) > 5 else "")  # noqa: E731
+    return out, (f"{what} named like an earlier one ({shown([a for a, _ in changed])}) are written as "
+                 f"{shown([b for _, b in changed])}")
+
+
 def scene_inputs(path: PathLike) -> List[Path]:
     """The paths that opening ``path`` with :func:`rh3dgs.load` reads, for :func:`check_not_input`.
 
@@ -134,7 +185,7 @@ def scene_inputs(path: PathLike) -> List[Path]:
         is_dir, is_file = p.is_dir(), p.is_file()
     except (OSError, ValueError):
         return [p]
-    if is_file and p.suffix.lower() == ".ply":
+    if is_file and p.suffix.lower() in (".ply", ".spz"):  # rh3dgs.io.ply.SPLAT_SUFFIXES
         return [p, p.parent / "transforms.json"]
     folder = p if is_dir else (p.parent if is_file and (p.name == "rh3dgs.json" or
                                                           p.suffix.lower() in (".yml", ".yaml")) else None)

@@ -23,6 +23,10 @@ Property order on writing: the standard fields in the order above; ``nx ny nz`` 
 written by INRIA 3DGS, nerfstudio and rh3dgs therefore round-trip with identical headers;
 a file that had unknown properties elsewhere gets them moved, values unchanged.
 
+Splat files as users download them load too, through gsply (:mod:`rh3dgs.io.compressed`): SuperSplat
+compressed PLYs (``chunk`` + ``packed_*`` elements, recognised from the header) and SPZ (recognised from
+the first bytes), with the same size and NaN / Inf checks, as plain Gaussians (no ``sem_*``, no ``extra``).
+
 Loading accepts binary (either endianness) and ASCII PLY. Every column that is read is
 checked for its declared type and meaning before its values are used: the standard fields
 must be ``float`` or ``double`` (converted to float32, values beyond float32 refused), an
@@ -50,9 +54,10 @@ header comments and rewrites ``ushort`` as ``uint``: float16 bit patterns read a
 give 47105.0 for -0.5005), is refused with a :class:`PlyFormatError` naming the file, the
 column, the likely cause and the way back (re-export from the scene folder). Its plain
 3DGS fields can still be read with ``load_ply(path, latents=False)``, which skips ``sem_*``
-unchecked. ``save_ply(..., plain=True)`` writes a plain INRIA file (no ``sem_*``, every
-property a ``float``) that any 3DGS tool reads; ``rh3dgs select`` / ``export`` write that
-unless latents are asked for.
+unchecked. ``save_ply(..., plain=True)`` writes a plain INRIA file, exactly the properties of INRIA's
+3DGS (``x y z nx ny nz f_dc_* f_rest_* opacity scale_* rot_*``, all ``float``; normals as stored, else 0),
+that any 3DGS tool reads; ``extra=True`` adds the other per-Gaussian columns (as ``float``).
+``rh3dgs select`` / ``export`` write that unless latents or extra columns are asked for.
 
 Before reading any data, the header's vertex count goes through the memory model
 (:func:`rh3dgs.memory.ply_load_bytes`): a file whose rows cannot fit in memory, or that
@@ -71,11 +76,15 @@ import torch
 from ..errors import MemoryLimitError, NonFiniteError, PlyFormatError, ShapeError
 from ..gaussians import Gaussians
 from .atomic import atomic_write
+from .compressed import is_compressed_ply, is_spz, load_compressed_ply, load_spz
 
-__all__ = ["load_ply", "save_ply", "ply_field_names", "SH_REST_COUNTS", "SEM_DTYPE_COMMENT", "SEM_MARKERS",
+__all__ = ["load_ply", "save_ply", "SPLAT_SUFFIXES", "ply_field_names", "SH_REST_COUNTS", "SEM_DTYPE_COMMENT", "SEM_MARKERS",
            "LATENT_DTYPES"]
 
 PathLike = Union[str, os.PathLike]
+
+#: file suffixes :func:`load_ply` reads (INRIA and SuperSplat compressed PLY, SPZ)
+SPLAT_SUFFIXES = (".ply", ".spz")
 
 #: number of ``f_rest_*`` properties -> K (higher SH coefficients per channel)
 SH_REST_COUNTS = {0: 0, 9: 3, 24: 8, 45: 15}
@@ -164,8 +173,7 @@ def _check_layout(path: Path, element_names: Sequence[str], props: Sequence[Tupl
     if missing:
         hint = ""
         if "packed_position" in names:
-            hint = (" It looks like a compressed (SuperSplat) PLY; decompress it to the standard layout first "
-                    "(npx @playcanvas/splat-transform IN.compressed.ply OUT.ply).")
+            hint = " It has packed_* properties but no 'chunk' element: not a complete SuperSplat compressed PLY."
         elif {"red", "green", "blue"} <= set(names) and any(n.startswith("f_dc") for n in missing):
             hint = (
                 " It stores colours as red/green/blue instead of SH coefficients; re-export with SH coefficients "
@@ -255,13 +263,24 @@ def _peek_header(path: Path, size: int, latents: bool):
         return None
     with open(path, "rb") as f:
         hdr = parse(f)
+        body = size - f.tell()  # the rows' bytes: what the header's counts must fit in
     elements = list(hdr.elements)
     names = [e.name for e in elements]
     vertex = next((e for e in elements if e.name == "vertex"), None)
     props = [] if vertex is None else [(p.name, isinstance(p, PlyListProperty)) for p in vertex.properties]
-    _check_rows_fit(path, hdr, size, latents)
+    _check_rows_fit(path, hdr, body, latents)
+    if is_compressed_ply(names, [p for p, _ in props]):
+        sh = next((e for e in elements if e.name == "sh"), None)
+        return _Compressed(vertex.count, 0 if sh is None else len(sh.properties) // 3)
     _check_layout(path, names, props)
     return names, props
+
+
+class _Compressed(tuple):
+    """A SuperSplat compressed PLY's header: ``(rows, higher SH coefficients per channel)``."""
+
+    def __new__(cls, rows: int, sh_coeffs: int):
+        return super().__new__(cls, (rows, sh_coeffs))
 
 
 def _read(path: Path, latents: bool):
@@ -271,7 +290,9 @@ def _read(path: Path, latents: bool):
         size = path.stat().st_size
         if size == 0:
             raise PlyFormatError(path, "file is empty")
-        _peek_header(path, size, latents)
+        header = _peek_header(path, size, latents)
+        if isinstance(header, _Compressed):
+            return header
         return PlyData.read(str(path), mmap="c")
     except (PlyFormatError, MemoryLimitError):
         raise
@@ -401,7 +422,8 @@ def _latent_columns(path: Path, data: np.ndarray, names: Sequence[str], sem_dtyp
 
 
 def load_ply(path: PathLike, device: Union[str, torch.device] = "cpu", *, latents: bool = True) -> Gaussians:
-    """Load a 3DGS PLY (INRIA / nerfstudio / splat-transform / rh3dgs layout, see the module doc).
+    """Load a 3DGS PLY (INRIA / nerfstudio / splat-transform / rh3dgs layout, see the module doc), a SuperSplat
+    compressed PLY or an SPZ file (:mod:`rh3dgs.io.compressed`).
 
     Args:
         path: the ``.ply`` file.
@@ -430,7 +452,11 @@ def load_ply(path: PathLike, device: Union[str, torch.device] = "cpu", *, latent
     if path.is_dir():
         raise PlyFormatError(path, "is a directory, expected a .ply file")
 
+    if is_spz(path):
+        return load_spz(path, device)
     ply = _read(path, latents)
+    if isinstance(ply, _Compressed):
+        return load_compressed_ply(path, device, rows=ply[0], sh_coeffs=ply[1])
     element_names = [e.name for e in ply.elements]
     if "vertex" not in element_names:
         _check_layout(path, element_names, [])
@@ -549,7 +575,7 @@ def _to_half_bits(path: Path, names: Sequence[str], a: np.ndarray) -> np.ndarray
 
 
 def save_ply(path: PathLike, gaussians: Gaussians, mask: Optional[Union[torch.Tensor, np.ndarray]] = None, *,
-             latent_dtype: str = "float32", plain: bool = False) -> Path:
+             latent_dtype: str = "float32", plain: bool = False, extra: Optional[bool] = None) -> Path:
     """Write ``gaussians`` (or the ``mask``-selected subset) as a binary little-endian 3DGS PLY.
 
     Args:
@@ -559,9 +585,10 @@ def save_ply(path: PathLike, gaussians: Gaussians, mask: Optional[Union[torch.Te
         latent_dtype: "float32" (default: ``sem_*`` as PLY ``float`` under the marker
             ``comment rh3dgs sem_dtype float32``) or the compact, rh3dgs-only "float16"
             (``ushort`` float16 bit patterns under ``comment rh3dgs sem_dtype float16``; see the module doc).
-        plain: write a plain INRIA 3DGS PLY that every 3DGS tool reads: no ``sem_*`` (the
-            latents are left out) and every extra property as ``float`` (integers beyond 2^24
-            raise, float64 is rounded to float32).
+        plain: write a plain INRIA 3DGS PLY that every 3DGS tool reads: exactly INRIA's properties
+            (:func:`ply_field_names` with ``normals=True``; normals 0 unless ``extra`` holds them), no ``sem_*``.
+        extra: write ``gaussians.extra``'s other columns (default: unless ``plain``); with ``plain`` as
+            ``float`` (integers beyond 2^24 raise, float64 is rounded to float32).
 
     Returns ``Path(path)``. Layout and order: see the module doc and
     :func:`ply_field_names`. ``extra`` tensors must be [N]; bool is written as uint8,
@@ -616,9 +643,14 @@ def save_ply(path: PathLike, gaussians: Gaussians, mask: Optional[Union[torch.Te
             columns[name] = a[:, j]
 
     extras: Dict[str, np.ndarray] = {}
+    keep = (lambda name: True) if (not plain if extra is None else extra) else (lambda name: name in _NORMALS)
     for name, t in g.extra.items():
         _check_name(path, name)
-        extras[name] = _extra_column(path, name, t, n, plain)
+        if keep(name):
+            extras[name] = _extra_column(path, name, t, n, plain)
+    if plain:  # INRIA's layout: normals always there (its 3DGS writes zeros)
+        for name in _NORMALS:
+            extras.setdefault(name, np.zeros(n, np.float32))
 
     order = list(_XYZ)
     order += [nm for nm in _NORMALS if nm in extras]

@@ -7,8 +7,16 @@ A *semantic scene folder* (written by :func:`save_scene`, ``rh3dgs lift`` and th
                       3D neighbours, not observed) and text embeddings
                       (text_names [T] strings, text_vectors [T, D])
     rh3dgs.json       {"format": "rh3dgs-scene", "version": 1, "ply", "field", "transforms",
-                       "teacher": {"name": ..., **kwargs} | null, "info": {...}}: written last
+                       "teacher": {"name": ..., **kwargs} | null, "info": {...},
+                       "files": {name: {"bytes": n, "sha256": hex}}}: written last
     transforms.json   (optional) cameras
+
+The folder is written beside the old one and swapped in by one rename
+(:func:`rh3dgs.io.atomic.atomic_folder`): a failure at any byte (a full disk, a kill) leaves the old
+scene whole. ``files`` records the size and sha256 of every file the scene names; reading checks them
+first, so a file changed since it was written (flipped bytes, a hand edit, another tool's rewrite) is
+one line naming it, not a silently different scene. A scene whose ``version`` is newer than this reader
+(:data:`SCENE_VERSION`) is refused.
 
 :func:`read_scene` opens that folder, its ``rh3dgs.json``, a plain 3DGS PLY (with the
 ``transforms.json`` beside it, if any) or an ``ns-train rh3dgs`` run's ``config.yml``
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Union
@@ -36,14 +45,18 @@ from torch import Tensor
 from ..cameras import Cameras
 from ..errors import InputFileError
 from ..gaussians import Gaussians
-from .npy import NPY_READ_ERRORS
+from ..memory import read_text_sized
+from .atomic import file_sha256
+from .npy import load_npz
 
-__all__ = ["SceneData", "save_scene", "read_scene", "read_scene_folder", "SCENE_FORMAT"]
+__all__ = ["SceneData", "save_scene", "read_scene", "read_scene_folder", "SCENE_FORMAT", "SCENE_VERSION"]
 
 PathLike = Union[str, os.PathLike]
 
 #: value of rh3dgs.json's "format"
 SCENE_FORMAT = "rh3dgs-scene"
+#: the newest rh3dgs.json "version" this code reads (and the one it writes)
+SCENE_VERSION = 1
 
 
 @dataclass
@@ -75,44 +88,89 @@ def save_scene(folder: PathLike, gaussians: Gaussians, field=None, cameras: Opti
                image_paths: Optional[Sequence] = None, teacher: Optional[dict] = None,
                text_embeddings: Optional[Dict[str, Tensor]] = None, info: Optional[dict] = None,
                latent_dtype: str = "float32") -> Path:
-    """Write a semantic scene folder (see the module docstring); every file atomically.
+    """Write a semantic scene folder (see the module docstring): built beside ``folder`` and swapped in by
+    one rename, so an existing scene there is replaced whole or not at all; returns ``Path(folder)``.
 
     ``field``: a :class:`rh3dgs.field.SemanticField` (latents [N, d], decoder [D, d], valid [N] or None).
     The latents go to semantic.ply as float32 by default (``latent_dtype``; the compact
     rh3dgs-only "float16" rounds them, relative error <= 2^-11; see :mod:`rh3dgs.io.ply`).
     """
-    from .atomic import atomic_save_json, atomic_save_npz
+    from .atomic import atomic_folder, atomic_save_json, atomic_save_npz
     from .ply import save_ply
     from .transforms import save_transforms
 
-    out = Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
-    # rh3dgs.json is written last and marks a complete scene: drop an old one first, so that an
-    # interrupted overwrite leaves a folder `load` refuses, never a mix of old and new files.
-    (out / "rh3dgs.json").unlink(missing_ok=True)
-    g = gaussians
-    if field is not None:
-        g = Gaussians(g.means, g.scales, g.quats, g.opacities, g.sh0, g.shN, field.latents, dict(g.extra))
-        arrays = {"decoder": field.decoder.detach().cpu().numpy()}
-        if field.valid is not None:
-            arrays["valid"] = field.valid.cpu().numpy()
-        if field.filled is not None:
-            arrays["filled"] = field.filled.cpu().numpy()
-        if text_embeddings:
-            names = sorted(text_embeddings)
-            arrays["text_names"] = np.array(names)
-            arrays["text_vectors"] = torch.stack([torch.as_tensor(text_embeddings[k]).float() for k in names]).numpy()
-        atomic_save_npz(out / "field.npz", arrays)
-    save_ply(out / "semantic.ply", g, latent_dtype=latent_dtype)
-    meta = {"format": SCENE_FORMAT, "version": 1, "ply": "semantic.ply", "field": "field.npz" if field else None,
-            "teacher": teacher or None, "info": info or {}}
-    if cameras is not None:
-        if image_paths is None:
-            image_paths = [out / "images" / f"{n}.png" for n in (cameras.names or [f"frame_{i:05d}" for i in range(len(cameras))])]
-        save_transforms(out / "transforms.json", cameras, list(image_paths))
-        meta["transforms"] = "transforms.json"
-    atomic_save_json(out / "rh3dgs.json", meta)
-    return out
+    final = Path(folder)
+    with atomic_folder(final) as out:
+        g = gaussians
+        if field is not None:
+            g = Gaussians(g.means, g.scales, g.quats, g.opacities, g.sh0, g.shN, field.latents, dict(g.extra))
+            arrays = {"decoder": field.decoder.detach().cpu().numpy()}
+            if field.valid is not None:
+                arrays["valid"] = field.valid.cpu().numpy()
+            if field.filled is not None:
+                arrays["filled"] = field.filled.cpu().numpy()
+            if text_embeddings:
+                names = sorted(text_embeddings)
+                arrays["text_names"] = np.array(names)
+                arrays["text_vectors"] = torch.stack([torch.as_tensor(text_embeddings[k]).float() for k in names]).numpy()
+            atomic_save_npz(out / "field.npz", arrays)
+        save_ply(out / "semantic.ply", g, latent_dtype=latent_dtype)
+        meta = {"format": SCENE_FORMAT, "version": SCENE_VERSION, "ply": "semantic.ply",
+                "field": "field.npz" if field else None, "teacher": teacher or None, "info": info or {}}
+        if cameras is not None:
+            if image_paths is None:
+                image_paths = [final / "images" / f"{n}.png"
+                               for n in (cameras.names or [f"frame_{i:05d}" for i in range(len(cameras))])]
+            # paths inside the scene folder are written relative to it: as seen from the folder being built
+            inside = [_rebase(Path(p), final, out) for p in image_paths]
+            save_transforms(out / "transforms.json", cameras, inside)
+            meta["transforms"] = "transforms.json"
+        meta["files"] = {meta[k]: _file_record(out / meta[k]) for k in ("ply", "field", "transforms") if meta.get(k)}
+        atomic_save_json(out / "rh3dgs.json", meta)
+    return final
+
+
+def _rebase(p: Path, old: Path, new: Path) -> Path:
+    """``p`` under ``new`` where it lies under ``old`` (compared as absolute paths), else ``p``."""
+    try:
+        return new / Path(os.path.abspath(p)).relative_to(os.path.abspath(old))
+    except ValueError:
+        return p
+
+
+def _file_record(path: Path) -> Dict[str, Any]:
+    return {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+
+
+def _check_files(meta_path: Path, meta: dict) -> None:
+    """Every file the scene names (``ply``, ``field``, ``transforms``) has the size and sha256 rh3dgs.json's
+    ``files`` records for it (scenes written before the records existed have none: nothing to check)."""
+    files = meta.get("files")
+    if files is None:
+        return
+    if not isinstance(files, dict):
+        raise InputFileError(meta_path, f"must be an object of file records, got {json.dumps(files)[:60]}",
+                             field="files")
+    for key in ("ply", "field", "transforms"):
+        name = meta.get(key)
+        rec = files.get(name) if isinstance(name, str) else None
+        if rec is None:
+            continue
+        if not isinstance(rec, dict) or not isinstance(rec.get("sha256"), str) or type(rec.get("bytes")) is not int:
+            raise InputFileError(meta_path, f"has a malformed record for {name!r}", field="files")
+        path = meta_path.parent / name
+        try:
+            st = os.stat(path)
+            if not stat.S_ISREG(st.st_mode):  # never hash a device or a FIFO (it would not end)
+                raise InputFileError(path, "is not a regular file")
+            digest = file_sha256(path) if st.st_size == rec["bytes"] else None
+        except (OSError, ValueError) as exc:
+            raise InputFileError(path, f"cannot be read ({exc})") from None
+        if digest != rec["sha256"]:
+            what = (f"{st.st_size} bytes, rh3dgs.json records {rec['bytes']}" if digest is None
+                    else f"sha256 {digest[:12]}..., rh3dgs.json records {rec['sha256'][:12]}...")
+            raise InputFileError(path, f"changed since rh3dgs wrote the scene ({what}): damaged, edited or "
+                                       "rewritten by another tool; re-create the scene (rh3dgs lift) or restore it")
 
 
 # ------------------------------------------------------------------------- reading
@@ -135,7 +193,9 @@ def read_scene(path: PathLike, device: Union[str, torch.device] = "cpu") -> Scen
 
         g, decoder, cams, spec = load_nerfstudio_scene(p, device=device)
         return SceneData(g, decoder.to(g.latents), None, None, cams, {}, spec or None, source=p, path=p)
-    if p.is_file() and p.suffix.lower() == ".ply":
+    from .ply import SPLAT_SUFFIXES
+
+    if p.is_file() and p.suffix.lower() in SPLAT_SUFFIXES:  # INRIA / compressed PLY, SPZ
         return _read_plain_ply(p, device)
     return read_scene_folder(p, device)
 
@@ -170,6 +230,7 @@ def read_scene_folder(path: PathLike, device: Union[str, torch.device] = "cpu") 
     ply_path = _scene_file(meta_path, meta, "ply", "semantic.ply", required=True)
     field_path = _scene_file(meta_path, meta, "field")
     transforms_path = _scene_file(meta_path, meta, "transforms")
+    _check_files(meta_path, meta)
     g = load_ply(ply_path, device=device)
     data = SceneData(g, source=meta_path, path=folder)
     if field_path is not None:
@@ -182,13 +243,19 @@ def read_scene_folder(path: PathLike, device: Union[str, torch.device] = "cpu") 
 
 def _read_meta(meta_path: Path) -> dict:
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        meta = json.loads(read_text_sized(meta_path, "a scene description"))
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # JSONDecodeError, int digit limit
         raise InputFileError(meta_path, f"is not valid JSON ({exc})") from None
     except OSError as exc:
         raise InputFileError(meta_path, f"cannot be read ({exc})") from None
     if not isinstance(meta, dict) or meta.get("format") != SCENE_FORMAT:
         raise InputFileError(meta_path, "is not an rh3dgs scene description", field="format")
+    version = meta.get("version", 1)
+    if type(version) is not int or version < 1:
+        raise InputFileError(meta_path, f"must be a positive integer, got {json.dumps(version)[:40]}", field="version")
+    if version > SCENE_VERSION:
+        raise InputFileError(meta_path, f"scene format version {version} was written by a newer rh3dgs (this one "
+                                        f"reads up to {SCENE_VERSION}): open it with that version", field="version")
     return meta
 
 
@@ -257,18 +324,9 @@ def _read_field(fpath: Path, ply_path: Path, data: SceneData, device) -> None:
 
 
 def _read_npz(fpath: Path) -> Dict[str, np.ndarray]:
-    """Every array of an .npz, read eagerly; any corruption -> InputFileError naming the file."""
-    try:
-        with np.load(fpath, allow_pickle=False) as z:
-            if not isinstance(z, np.lib.npyio.NpzFile):  # pragma: no cover - np.load returns arrays for .npy
-                raise InputFileError(fpath, "is not an .npz archive")
-            return {k: z[k] for k in z.files}
-    except InputFileError:
-        raise
-    except AttributeError:  # np.load returned a plain array (.npy bytes): no context manager / files
-        raise InputFileError(fpath, "is an .npy array, expected an .npz archive (decoder, valid, text_*)") from None
-    except NPY_READ_ERRORS + (NotImplementedError, RuntimeError) as exc:
-        raise InputFileError(fpath, f"cannot be read as .npz ({type(exc).__name__}: {exc})") from None
+    """Every array of an .npz, each member's size checked from its header first (rh3dgs.io.npy); any
+    corruption -> InputFileError naming the file."""
+    return load_npz(fpath, InputFileError, "scene field")
 
 
 def _field_array(fpath: Path, arrays: Dict[str, np.ndarray], key: str, ndim: int, kinds: str = "fiu") -> np.ndarray:

@@ -54,22 +54,27 @@ import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Annotated, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
 from ..cameras import OPENGL_TO_OPENCV, Cameras
 from ..errors import CameraFormatError, ConfigError, NonFiniteError, ShapeError
+from ..memory import read_text_sized
+from ..ranges import Range, check_fields
 from .atomic import atomic_save_json
 
-__all__ = ["load_transforms", "save_transforms", "ImageOptions", "SUPPORTED_CAMERA_MODELS"]
+__all__ = ["load_transforms", "load_posed_images", "PosedImages", "save_transforms", "ImageOptions",
+           "nerfstudio_downscale", "SUPPORTED_CAMERA_MODELS"]
 
 PathLike = Union[str, os.PathLike]
 
 SUPPORTED_CAMERA_MODELS = ("PINHOLE", "SIMPLE_PINHOLE", "OPENCV", "SIMPLE_RADIAL", "RADIAL")
 _DISTORTION_KEYS = ("k1", "k2", "k3", "k4", "p1", "p2")
 _MAX_LISTED = 5
+SKIP_MISSING_HINT = "--skip-missing-images (load_transforms(skip_missing_images=True))"
+"""How the missing-image error names the option that leaves those frames out (the rh3dgs commands')."""
 
 
 def _is_number(v: Any) -> bool:
@@ -202,10 +207,10 @@ def _read_json(path: Path) -> Any:
 
 def _read_json_text(path: Path) -> Tuple[Any, str]:
     try:
-        text = path.read_text(encoding="utf-8-sig")
+        text = read_text_sized(path, "a transforms.json", encoding="utf-8-sig")  # its size checked first
     except UnicodeDecodeError as e:
         raise CameraFormatError(path, f"not UTF-8 text (byte {e.start}); is this a JSON file?") from e
-    except OSError as e:
+    except (OSError, ValueError) as e:  # ValueError: not a regular file
         raise CameraFormatError(path, f"cannot read file: {e}") from e
     try:
         return json.loads(text), text
@@ -222,13 +227,48 @@ class ImageOptions:
     """How :func:`load_transforms` turns a dataset's photos into the images the cameras see
     (the ``rh3dgs`` commands' ``--downscale`` / ``--skip-missing-images`` / ``--no-undistort``)."""
 
-    downscale: int = 1
-    """Divide the image size by this (nerfstudio's ``downscale_factor``): ``images_N`` folders when
-    present, else resized into the cache."""
+    downscale: Annotated[int, Range(ge=1)] = 1
+    """Divide image sizes by this (images_N folders if present)."""
     skip_missing_images: bool = False
-    """Leave out frames whose image file does not exist (one warning with the count) instead of failing."""
+    """Leave out frames whose image is missing (one warning)."""
     undistort: bool = True
-    """Undistort images with OpenCV lens distortion (as nerfstudio's splatfacto path); False refuses them."""
+    """Undistort OpenCV lens distortion (off: refuse it)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)  # --downscale >= 1 (rh3dgs.ranges)
+
+
+@dataclass
+class PosedImages:
+    """A dataset's cameras and the images they see (:func:`load_posed_images`).
+
+    ``cameras[j]`` sees ``images[j]``, made from ``sources[j]``; ``frames[j]`` is its index in the file's
+    ``frames`` list (frames whose image is missing are left out with ``skip_missing_images``).
+    """
+
+    cameras: Cameras
+    images: Sequence[Path]
+    """The images as the cameras see them: the files themselves, their ``images_N`` copies, or the
+    undistorted / downscaled PNGs in the cache (with ``lazy=True``, each one made on first access)."""
+    frames: List[int]
+    sources: List[Path]
+    """The files the images are made from (the frame's ``file_path``, or its ``images_N`` copy)."""
+
+
+@dataclass
+class _Frames:
+    """Every frame of a transforms.json, validated (V frames)."""
+
+    c2w: np.ndarray
+    """[V, 4, 4] float64 camera-to-world, OpenGL axes."""
+    intrinsics: Dict[str, np.ndarray]
+    """``fl_x fl_y cx cy`` -> [V] float64, at the file's resolution."""
+    coeffs: List[np.ndarray]
+    """OpenCV ``(k1, k2, p1, p2, k3)`` of each frame (zeros: none)."""
+    images: List[Path]
+    """The frames' ``file_path``, joined to the json's folder."""
+    size: Tuple[int, int]
+    """(w, h) shared by every frame."""
 
 
 def load_transforms(path_or_dir: PathLike, check_images: bool = True, require_images: bool = True, *,
@@ -259,20 +299,79 @@ def load_transforms(path_or_dir: PathLike, check_images: bool = True, require_im
     world-to-camera ``viewmats``, pinhole intrinsics of the returned images, names = image
     file stems) and the images, in the file's frame order: the files themselves (absolute, or
     joined to the json's folder), their ``images_N`` copies, or the processed PNGs in the cache.
-    See the module doc for conventions.
+    See the module doc for conventions; :func:`load_posed_images` also says which frame each
+    camera is.
 
     Raises :class:`CameraFormatError` naming the file and the field (e.g.
     ``frames[3].transform_matrix``) for a missing file, invalid JSON, missing keys, a
     matrix that is not 4x4, non-finite numbers, unsupported camera models or distortion,
     mixed image sizes, missing images and (``check_images``) images of the wrong size.
+
+    >>> cams, images = load_transforms("data/fox", downscale=8, skip_missing_images=True)  # doctest: +SKIP
+    >>> cams.width, cams.height, len(images)                                                 # doctest: +SKIP
+    (134, 239, 50)
     """
+    posed = load_posed_images(path_or_dir, check_images, require_images, downscale=downscale,
+                              skip_missing_images=skip_missing_images, undistort=undistort, image_cache=image_cache,
+                              progress=progress, preflight=preflight)
+    return posed.cameras, list(posed.images)
+
+
+def load_posed_images(path_or_dir: PathLike, check_images: bool = True, require_images: bool = True, *,
+                      downscale: int = 1, skip_missing_images: bool = False, undistort: bool = True,
+                      image_cache: Optional[PathLike] = None, progress: bool = True,
+                      preflight: Optional[Callable[[int, int, int], None]] = None,
+                      lazy: bool = False, missing_hint: str = SKIP_MISSING_HINT) -> PosedImages:
+    """:func:`load_transforms` (same arguments) as a :class:`PosedImages`: also the frame index and the
+    source file of every camera. ``lazy=True``: the images are undistorted / downscaled into the cache
+    one at a time, on first access to ``images[j]`` (and then reused), not all before returning.
+    ``missing_hint``: how the missing-image error names the option that leaves those frames out.
+
+    The steps, in order::
+
+        path, meta = _read_file(path_or_dir)                  # JSON, top-level keys, camera_model
+        preflight(frames, w // downscale, h // downscale)     # a job's memory check, before any per-frame work
+        frames = _parse_frames(path, meta, undistort)         # poses, intrinsics, distortion, image paths
+        sources, factor = _scaled_sources(frames, downscale)  # images_N copies when complete, else resize (factor)
+        keep = _present_frames(sources, skip_missing_images)  # frames whose image exists
+        _check_image_sizes(sources[keep])                     # headers only
+        Ks, pinhole_Ks, size = _pinhole_intrinsics(frames, keep, downscale)  # scaled, then undistorted
+        images = _processed_images(...)                       # undistorted / resized PNGs in the cache
+        cameras = _cameras(frames.c2w[keep], pinhole_Ks, size)
+    """
+    if isinstance(downscale, bool) or not isinstance(downscale, int) or downscale < 1:
+        raise ConfigError(f"downscale must be a whole number >= 1, got {downscale!r}")
+    path, meta, text = _read_file(path_or_dir)
+    if preflight is not None:
+        _run_preflight(path, meta, downscale, preflight)
+    frames = _parse_frames(path, meta, text, undistort)
+    sources, factor = _scaled_sources(path.parent, frames.images, downscale)
+    keep = list(range(len(sources)))
+    if require_images:
+        keep = _present_frames(path, sources, skip_missing_images, missing_hint)
+        if check_images:
+            w, h = frames.size
+            size = (w, h) if factor > 1 else (max(1, w // downscale), max(1, h // downscale))
+            _check_image_sizes(path, [sources[i] for i in keep], size, keep,
+                               downscaled=factor == 1 and downscale > 1)
+    Ks, pinhole_Ks, out_size, distorted = _pinhole_intrinsics(path, frames, keep, downscale)
+    kept_sources = [sources[i] for i in keep]
+    images: Sequence[Path] = kept_sources
+    if require_images and (distorted or factor > 1):
+        images = _processed_images(path, kept_sources, keep, Ks, [frames.coeffs[i] for i in keep], factor,
+                                   out_size if distorted else None, image_cache, progress, lazy)
+    cameras = _cameras(path, frames.c2w, keep, pinhole_Ks, out_size, [frames.images[i].stem for i in keep])
+    return PosedImages(cameras, images, keep, kept_sources)
+
+
+def _read_file(path_or_dir: PathLike) -> Tuple[Path, Dict[str, Any], str]:
+    """The transforms.json ``path_or_dir`` names, parsed: ``(path, meta, text)``; a non-empty ``frames`` list and a
+    supported top-level ``camera_model`` checked."""
     p = Path(path_or_dir)
     path = p / "transforms.json" if p.is_dir() else p
     if not path.is_file():
         what = "no transforms.json in this folder" if p.is_dir() else "file not found"
         raise CameraFormatError(path, what)
-    if isinstance(downscale, bool) or not isinstance(downscale, int) or downscale < 1:
-        raise ConfigError(f"downscale must be a whole number >= 1, got {downscale!r}")
     meta, text = _read_json_text(path)
     if not isinstance(meta, dict):
         raise CameraFormatError(path, f"top level must be a JSON object, got {type(meta).__name__}")
@@ -283,48 +382,47 @@ def load_transforms(path_or_dir: PathLike, check_images: bool = True, require_im
         raise CameraFormatError(path, f"must be a list, got {type(frames).__name__}", field="frames")
     if not frames:
         raise CameraFormatError(path, "no frames (empty list)", field="frames")
-
     _check_camera_model(path, meta, "camera_model")
-    if preflight is not None:
-        f0 = frames[0] if isinstance(frames[0], dict) else {}
-        try:
-            w0, h0 = (_size(path, f0.get(k, meta.get(k)), k) for k in ("w", "h"))
-        except CameraFormatError:  # reported with its frame below
-            pass
-        else:
-            preflight(len(frames), max(1, w0 // downscale), max(1, h0 // downscale))
-    root = path.parent
-    top_dist = _distortion(path, [(meta, "")])
-    top_coeffs = _coefficients(path, top_dist, undistort)
+    return path, meta, text
+
+
+def _run_preflight(path: Path, meta: Dict[str, Any], downscale: int,
+                   preflight: Callable[[int, int, int], None]) -> None:
+    """``preflight(frames, w, h)`` with frame 0's size after ``downscale`` (a bad size is reported later,
+    with its frame)."""
+    frames = meta["frames"]
+    f0 = frames[0] if isinstance(frames[0], dict) else {}
+    try:
+        w0, h0 = (_size(path, f0.get(k, meta.get(k)), k) for k in ("w", "h"))
+    except CameraFormatError:
+        return
+    preflight(len(frames), max(1, w0 // downscale), max(1, h0 // downscale))
+
+
+_INTRINSIC_KINDS = (("w", "size"), ("h", "size"), ("fl_x", "pos"), ("fl_y", "pos"), ("cx", "num"), ("cy", "num"))
+_DISTORTION_FIELDS = frozenset(_DISTORTION_KEYS) | {"distortion_params"}
+
+
+def _parse_frames(path: Path, meta: Dict[str, Any], text: str, undistort: bool) -> _Frames:
+    """Every frame validated: pose, intrinsics (frame value over top-level value), distortion, image path."""
+    frames = meta["frames"]
+    top_coeffs = _coefficients(path, _distortion(path, [(meta, "")]), undistort)
     # every matrix at once (a 100k-frame file in well under a second); any problem: the per-frame path names it
     mats = _matrices_fast(frames, "true" in text or "false" in text)
     top: Dict[str, Any] = {}
-
-    def top_value(key: str, kind: str):
-        """The top-level ``key``, validated once (None when absent)."""
-        if key not in top:
-            if key not in meta:
-                top[key] = None
-            else:
-                v = meta[key]
-                top[key] = _size(path, v, key) if kind == "size" else _number(path, v, key, positive=kind == "pos")
-        return top[key]
-
     c2ws: List[List[List[float]]] = []
-    intr = {k: [] for k in ("fl_x", "fl_y", "cx", "cy")}
-    image_paths: List[Path] = []
-    coeffs = []
+    intr: Dict[str, List[float]] = {k: [] for k in ("fl_x", "fl_y", "cx", "cy")}
+    images: List[Path] = []
+    coeffs: List[np.ndarray] = []
     size0: Optional[Tuple[int, int]] = None
-    kinds = (("w", "size"), ("h", "size"), ("fl_x", "pos"), ("fl_y", "pos"), ("cx", "num"), ("cy", "num"))
-    dist_keys = set(_DISTORTION_KEYS) | {"distortion_params"}
-    made: Dict[str, Path] = {}
+    joined: Dict[str, Path] = {}
     for i, fr in enumerate(frames):
         where = f"frames[{i}]"
         if not isinstance(fr, dict):
             raise CameraFormatError(path, f"must be a JSON object, got {type(fr).__name__}", field=where)
         if "camera_model" in fr:
             _check_camera_model(path, fr, f"{where}.camera_model")
-        if dist_keys.isdisjoint(fr):
+        if _DISTORTION_FIELDS.isdisjoint(fr):
             coeffs.append(top_coeffs)
         else:
             coeffs.append(_coefficients(path, _distortion(path, [(meta, ""), (fr, f"{where}.")]), undistort))
@@ -333,29 +431,11 @@ def load_transforms(path_or_dir: PathLike, check_images: bool = True, require_im
                 raise CameraFormatError(path, f"missing key '{key}'", field=f"{where}.{key}")
         fp = fr["file_path"]
         if not isinstance(fp, str) or not fp:
-            raise CameraFormatError(path, "must be a non-empty string (image path relative to the json)", field=f"{where}.file_path")
+            raise CameraFormatError(path, "must be a non-empty string (image path relative to the json)",
+                                    field=f"{where}.file_path")
         if mats is None:
             c2ws.append(_matrix(path, fr["transform_matrix"], f"{where}.transform_matrix"))
-
-        vals: Dict[str, Any] = {}
-        for key, kind in kinds:
-            if key in fr:
-                v = fr[key]
-                fld = f"{where}.{key}"
-                vals[key] = _size(path, v, fld) if kind == "size" else _number(path, v, fld, positive=kind == "pos")
-            else:
-                vals[key] = top_value(key, kind)
-            if vals[key] is None and key in ("w", "h", "fl_x"):
-                hint = ""
-                if key == "fl_x" and "camera_angle_x" in meta:
-                    hint = " (this looks like a Blender / NeRF-synthetic file with camera_angle_x; convert it to fl_x in pixels)"
-                raise CameraFormatError(path, f"missing key '{key}' (neither in the frame nor at the top level){hint}", field=f"{where}.{key}")
-        if vals["fl_y"] is None:
-            vals["fl_y"] = vals["fl_x"]
-        if vals["cx"] is None:
-            vals["cx"] = vals["w"] / 2.0
-        if vals["cy"] is None:
-            vals["cy"] = vals["h"] / 2.0
+        vals = _frame_intrinsics(path, meta, fr, where, top)
         for key in intr:
             intr[key].append(vals[key])
         size = (vals["w"], vals["h"])
@@ -368,105 +448,179 @@ def load_transforms(path_or_dir: PathLike, check_images: bool = True, require_im
                 "mixed image sizes are not supported (split the dataset or resize the images)",
                 field=f"{where}.w",
             )
-        ip = made.get(fp)
+        ip = joined.get(fp)
         if ip is None:
-            ip = made[fp] = Path(fp) if os.path.isabs(fp) else root / fp
-        image_paths.append(ip)
-    c2w_all = mats if mats is not None else np.asarray(c2ws, dtype=np.float64)
+            ip = joined[fp] = Path(fp) if os.path.isabs(fp) else path.parent / fp
+        images.append(ip)
+    assert size0 is not None
+    c2w = mats if mats is not None else np.asarray(c2ws, dtype=np.float64)
+    return _Frames(c2w, {k: np.asarray(v, dtype=np.float64) for k, v in intr.items()}, coeffs, images, size0)
 
-    # downscaled copies the nerfstudio way: <json folder>/images_N/<file name>, when every frame has one
-    factor = downscale
+
+def _frame_intrinsics(path: Path, meta: Dict[str, Any], fr: Dict[str, Any], where: str,
+                      top: Dict[str, Any]) -> Dict[str, Any]:
+    """``w h fl_x fl_y cx cy`` of one frame: its own value, else the top level's (validated once, kept in
+    ``top``); ``fl_y`` defaults to ``fl_x``, ``cx`` / ``cy`` to the image centre."""
+    vals: Dict[str, Any] = {}
+    for key, kind in _INTRINSIC_KINDS:
+        if key in fr:
+            vals[key] = _typed(path, fr[key], f"{where}.{key}", kind)
+        else:
+            if key not in top:
+                top[key] = _typed(path, meta[key], key, kind) if key in meta else None
+            vals[key] = top[key]
+        if vals[key] is None and key in ("w", "h", "fl_x"):
+            hint = ""
+            if key == "fl_x" and "camera_angle_x" in meta:
+                hint = " (this looks like a Blender / NeRF-synthetic file with camera_angle_x; convert it to fl_x in pixels)"
+            raise CameraFormatError(path, f"missing key '{key}' (neither in the frame nor at the top level){hint}",
+                                    field=f"{where}.{key}")
+    if vals["fl_y"] is None:
+        vals["fl_y"] = vals["fl_x"]
+    if vals["cx"] is None:
+        vals["cx"] = vals["w"] / 2.0
+    if vals["cy"] is None:
+        vals["cy"] = vals["h"] / 2.0
+    return vals
+
+
+def _typed(path: Path, v: Any, field: str, kind: str):
+    """An intrinsic value: ``size`` (whole pixels), ``pos`` (> 0) or ``num``."""
+    return _size(path, v, field) if kind == "size" else _number(path, v, field, positive=kind == "pos")
+
+
+def _scaled_sources(root: Path, images: List[Path], downscale: int) -> Tuple[List[Path], int]:
+    """The files to read and the factor still to apply: the ``images_N`` copies the nerfstudio way
+    (``<json folder>/images_N/<file name>``) with factor 1 when every frame has one, else the images and
+    ``downscale`` (resized into the cache)."""
     if downscale > 1:
-        scaled = [root / f"images_{downscale}" / ip.name for ip in image_paths]
+        scaled = [root / f"images_{downscale}" / ip.name for ip in images]
         if all(sp.is_file() for sp in scaled):
-            image_paths, factor = scaled, 1
-    keep = list(range(len(frames)))
-    if require_images:
-        exists = {ip: ip.is_file() for ip in set(image_paths)}
-        missing = [i for i, ip in enumerate(image_paths) if not exists[ip]]
-        if missing:
-            _missing_images(path, image_paths, missing, skip_missing_images)
-            gone = set(missing)
-            keep = [i for i in keep if i not in gone]
-    w, h = size0
-    sw, sh = max(1, w // downscale), max(1, h // downscale)
-    if check_images and require_images:
-        _check_image_sizes(path, [image_paths[i] for i in keep], (w, h) if factor > 1 else (sw, sh), keep,
-                           downscaled=factor == 1 and downscale > 1)
+            return scaled, 1
+    return images, downscale
 
+
+def _present_frames(path: Path, sources: List[Path], skip_missing_images: bool, hint: str) -> List[int]:
+    """Indices of the frames whose image exists; missing ones raise, or are left out with a warning."""
+    exists = {ip: ip.is_file() for ip in set(sources)}
+    missing = [i for i, ip in enumerate(sources) if not exists[ip]]
+    if missing:
+        _missing_images(path, sources, missing, skip_missing_images, hint)
+    gone = set(missing)
+    return [i for i in range(len(sources)) if i not in gone]
+
+
+def _pinhole_intrinsics(path: Path, frames: _Frames, keep: List[int], downscale: int):
+    """``(Ks, pinhole_Ks, (w, h), distorted)`` of the kept frames: ``Ks`` [V, 3, 3] scaled by ``1 / downscale``
+    (as nerfstudio's ``rescale_output_resolution``), ``pinhole_Ks`` those of the undistorted, cropped images
+    (:func:`rh3dgs.io.images.undistorted_intrinsics`, once per distinct camera), and the size every image is
+    cropped to (the smallest valid region)."""
     from .images import undistorted_intrinsics
 
-    s = 1.0 / downscale  # intrinsics scale with the image, as nerfstudio's rescale_output_resolution
+    w, h = frames.size
+    sw, sh = max(1, w // downscale), max(1, h // downscale)
+    s = 1.0 / downscale
     kept = np.asarray(keep, dtype=np.int64)
-    Kall = np.zeros((len(keep), 3, 3))
-    Kall[:, 0, 0] = np.asarray(intr["fl_x"])[kept] * s
-    Kall[:, 1, 1] = np.asarray(intr["fl_y"])[kept] * s
-    Kall[:, 0, 2] = np.asarray(intr["cx"])[kept] * s
-    Kall[:, 1, 2] = np.asarray(intr["cy"])[kept] * s
-    Kall[:, 2, 2] = 1.0
-    Ks = list(Kall)
-    co = [coeffs[i] for i in keep]
-    newKs, crops = Kall.copy(), [(sw, sh)]
+    Ks = np.zeros((len(keep), 3, 3))
+    Ks[:, 0, 0] = frames.intrinsics["fl_x"][kept] * s
+    Ks[:, 1, 1] = frames.intrinsics["fl_y"][kept] * s
+    Ks[:, 0, 2] = frames.intrinsics["cx"][kept] * s
+    Ks[:, 1, 2] = frames.intrinsics["cy"][kept] * s
+    Ks[:, 2, 2] = 1.0
+    pinhole, crops = Ks.copy(), []
     memo: Dict[bytes, Tuple[np.ndarray, Tuple[int, int]]] = {}
-    flags: Dict[int, bool] = {}
     for j, i in enumerate(keep):
-        nz = flags.get(id(co[j]))
-        if nz is None:
-            nz = flags[id(co[j])] = bool(np.any(co[j]))
-        if not nz:
+        co = frames.coeffs[i]
+        if not np.any(co):
             continue
-        key = Ks[j].tobytes() + co[j].tobytes()
+        key = Ks[j].tobytes() + co.tobytes()
         if key not in memo:
             try:
-                nk, roi = undistorted_intrinsics(Ks[j], co[j], sw, sh)
+                nk, roi = undistorted_intrinsics(Ks[j], co, sw, sh)
             except ValueError as e:
                 raise CameraFormatError(path, str(e), field=f"frames[{i}]") from None
             memo[key] = (nk, roi[2:])
-        newKs[j], crop = memo[key]
+        pinhole[j], crop = memo[key]
         crops.append(crop)
-    if len(crops) > 1:
-        crops = crops[1:]
-    out_w, out_h = min(c[0] for c in crops), min(c[1] for c in crops)
-    distorted = any(flags.values())
-    if require_images and (distorted or factor > 1):
-        from .images import default_image_cache, process_images
+    if not crops:
+        return Ks, pinhole, (sw, sh), False
+    return Ks, pinhole, (min(c[0] for c in crops), min(c[1] for c in crops)), True
 
-        names = []
-        for i in keep:
-            try:
-                rel = image_paths[i].relative_to(root)
-            except ValueError:
-                rel = Path(f"{i:06d}") / image_paths[i].name
-            names.append(str(rel.with_suffix(".png")))
-        cache = Path(image_cache) if image_cache is not None else default_image_cache(path)
-        processed = process_images(path, [image_paths[i] for i in keep], names, Ks, co, [factor] * len(keep),
-                                   (out_w, out_h) if distorted else None, cache, progress)
-        paths_out = processed
-    else:
-        paths_out = [image_paths[i] for i in keep]
 
+def _processed_images(path: Path, sources: List[Path], keep: List[int], Ks: np.ndarray, coeffs: List[np.ndarray],
+                      factor: int, crop: Optional[Tuple[int, int]], image_cache: Optional[PathLike],
+                      progress: bool, lazy: bool) -> Sequence[Path]:
+    """The sources downscaled by ``factor`` and undistorted into the cache (:func:`rh3dgs.io.images.process_images`),
+    named by their path under the json's folder (``images/0001.jpg`` -> ``images/0001.png``)."""
+    from .images import LazyImages, default_image_cache, process_images
+
+    root = path.parent
+    names = []
+    for i, src in zip(keep, sources):
+        try:
+            rel = src.relative_to(root)
+        except ValueError:
+            rel = Path(f"{i:06d}") / src.name
+        names.append(str(rel.with_suffix(".png")))
+    cache = Path(image_cache) if image_cache is not None else default_image_cache(path)
+    args = (path, sources, names, list(Ks), coeffs, [factor] * len(sources), crop, cache)
+    return LazyImages(*args) if lazy else process_images(*args, progress)
+
+
+def _cameras(path: Path, c2w_all: np.ndarray, keep: List[int], Ks: np.ndarray, size: Tuple[int, int],
+             names: List[str]) -> Cameras:
+    """:class:`Cameras` of the kept frames: OpenGL camera-to-world -> OpenCV world-to-camera (float64, then float32)."""
+    kept = np.asarray(keep, dtype=np.int64)
     c2w = torch.from_numpy(np.ascontiguousarray(c2w_all[kept]))
     viewmats = torch.linalg.inv(c2w @ OPENGL_TO_OPENCV.double()).float()
-    Kt = torch.from_numpy(newKs).float()
+    Kt = torch.from_numpy(Ks).float()
     for name, t, fld in (("transform_matrix", viewmats, "transform_matrix"), ("intrinsics", Kt, "fl_x")):
         bad = ~torch.isfinite(t).flatten(1).all(1)
         if bad.any():  # finite in the file but beyond float32 range, or an ill-conditioned pose
             i = keep[int(bad.nonzero()[0])]
             raise CameraFormatError(path, f"{name} of frame {i} is out of range (overflows float32 or is "
                                           "numerically singular)", field=f"frames[{i}].{fld}")
-    cams = Cameras(viewmats=viewmats, Ks=Kt, width=out_w, height=out_h,
-                   names=[image_paths[i].stem for i in keep])
-    return cams, paths_out
+    return Cameras(viewmats=viewmats, Ks=Kt, width=size[0], height=size[1], names=names)
 
 
-def _missing_images(path: Path, image_paths: Sequence[Path], missing: Sequence[int], skip: bool) -> None:
+NERFSTUDIO_MAX_AUTO_RESOLUTION = 1600
+"""nerfstudio 1.1.5's ``MAX_AUTO_RESOLUTION`` (its data parser's automatic downscale)."""
+
+
+def nerfstudio_downscale(path_or_dir: PathLike, downscale_factor: Optional[int] = None) -> int:
+    """The factor ``ns-train``'s data parser uses: ``downscale_factor`` when given, else nerfstudio 1.1.5's
+    automatic one: halve while the image's larger side is over 1600 px and an ``images_2^k`` copy of the
+    first frame exists (never resizing itself). ``rh3dgs``'s data parser and ``rh3dgs.load(config.yml)`` use it,
+    so a run's cameras are at the resolution it trained at.
+
+    >>> nerfstudio_downscale("data/fox"), nerfstudio_downscale("data/fox", 8)     # doctest: +SKIP
+    (1, 8)
+    """
+    path, meta, _ = _read_file(path_or_dir)
+    if downscale_factor is not None:
+        if isinstance(downscale_factor, bool) or not isinstance(downscale_factor, int) or downscale_factor < 1:
+            raise CameraFormatError(path, f"downscale factor must be a whole number >= 1, got {downscale_factor!r}")
+        return downscale_factor
+    f0 = meta["frames"][0] if isinstance(meta["frames"][0], dict) else {}
+    size = [f0.get(k, meta.get(k)) for k in ("w", "h")]
+    if not all(_is_number(v) for v in size):
+        return 1  # the frame's problem is named where its size is read
+    name = Path(str(f0.get("file_path", ""))).name
+    max_res, df = max(size), 0
+    while max_res / 2 ** df > NERFSTUDIO_MAX_AUTO_RESOLUTION and \
+            (path.parent / f"images_{2 ** (df + 1)}" / name).exists():
+        df += 1
+    return 2 ** df
+
+
+def _missing_images(path: Path, image_paths: Sequence[Path], missing: Sequence[int], skip: bool,
+                    hint: str = "") -> None:
     """One message for every frame whose image is missing: raise, or (``skip``) warn once."""
     listed = ", ".join(str(image_paths[i]) for i in missing[:_MAX_LISTED])
     more = f" and {len(missing) - _MAX_LISTED} more" if len(missing) > _MAX_LISTED else ""
     n, total = len(missing), len(image_paths)
     if not skip or n == total:
-        hint = (f"; to use the {total - n} frames whose images exist, pass --skip-missing-images "
-                "(load_transforms(skip_missing_images=True))") if n < total else ""
+        hint = f"; to use the {total - n} frames whose images exist, pass {hint}" if n < total else ""
         raise CameraFormatError(path, f"{n} of {total} images not found: {listed}{more}{hint}",
                                 field=f"frames[{missing[0]}].file_path")
     warnings.warn(f"{path}: skipping {n} of {total} frames whose images are missing: {listed}{more}",
@@ -475,15 +629,12 @@ def _missing_images(path: Path, image_paths: Sequence[Path], missing: Sequence[i
 
 def _check_image_sizes(path: Path, image_paths: Sequence[Path], size: Tuple[int, int], index: Sequence[int],
                        downscaled: bool = False) -> None:
-    from PIL import Image, UnidentifiedImageError
+    from .images import open_image
 
     for i, ip in zip(index, image_paths):
         field = f"frames[{i}].file_path"
-        try:
-            with Image.open(ip) as im:  # reads the header only
-                actual = im.size
-        except (UnidentifiedImageError, OSError, ValueError) as e:
-            raise CameraFormatError(path, f"cannot read image {ip}: {e}", field=field) from e
+        with open_image(ip, lambda p, m: CameraFormatError(path, f"image {p}: {m}", field=field)) as im:
+            actual = im.size  # the header only
         if actual != size:
             want = "w // N x h // N" if downscaled else "w x h"
             raise CameraFormatError(

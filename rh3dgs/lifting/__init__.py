@@ -5,6 +5,8 @@
     views.py      the view stream one pass runs over: teacher maps, renders, VCD weights, caches across passes
     preflight.py  the lift's memory model and the check that refuses a lift before it allocates
     fill.py       features for the Gaussians no view showed, from their observed 3D neighbours
+    shard.py      a process's share past one process: its views, the Gaussians they see, the block it owns
+    checkpoint.py the state after each pass, so that a rerun resumes (and the distillation's checkpoint folder)
 
 >>> from rh3dgs.data.synthetic import SceneConfig, make_scene
 >>> from rh3dgs.lifting import LiftConfig, lift

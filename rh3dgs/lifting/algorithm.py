@@ -29,10 +29,16 @@ The algorithm (:func:`lift`):
    (:func:`rh3dgs.lifting.fill.fill_from_neighbours`).
 5. **Decoder**: uncentred weighted PCA of the features (:func:`pca_decoder`): latents and a linear decoder.
 
-Each pass is one call of :meth:`rh3dgs.lifting.views.LiftViews.aggregate`, which streams the views (teacher
-maps at any resolution, upsampled guided by the render's colours (``LiftConfig.guided``), renders,
-VCD pixel weights) and keeps what fits between passes; nothing is
-stored per (pixel, Gaussian) pair beyond those caches.
+Each pass is one call of :meth:`rh3dgs.lifting.views.LiftViews.initial_pass` or ``irls_pass``, which streams
+the views (teacher maps at any resolution, upsampled guided by the render's colours (``LiftConfig.guided``),
+renders, VCD pixel weights) and keeps what fits between passes; nothing is stored per (pixel, Gaussian) pair
+beyond those caches.
+
+Past one process (:mod:`rh3dgs.lifting.shard`): each rank of a ``torch.distributed`` group renders its share of the
+views over the Gaussians they see, and once per pass the sums go to the rank owning each block of Gaussians, which
+finishes its rows (steps 2-5 are per Gaussian; the quantile, the fill's neighbours and the PCA's moments are the
+few things shared). ``lift(..., checkpoint=FOLDER)`` keeps the state after each pass, so that a rerun resumes
+after the last completed one (:mod:`rh3dgs.lifting.checkpoint`).
 
 Ablation baselines behind the same call (``LiftConfig.method``): "robust" (ours), "karcher" (delta =
 inf, same weights), "euclidean" (weighted Euclidean mean, then normalise: LUDVIG / gradient
@@ -42,19 +48,23 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, replace
-from typing import Dict, List, Optional
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Union
 
 import torch
 from torch import Tensor
 
 from ..cameras import Cameras
+from ..distributed import DistInfo, broadcast, current
 from ..errors import ConfigError
 from ..gaussians import Gaussians, morton_order
 from ..method.sphere import sphere_exp_
 from ..teachers.maps import ProjectedMaps, TeacherMaps, map_dim, principal_basis
+from .checkpoint import PassCheckpoint, fingerprint
 from .config import LiftConfig
 from .fill import fill_from_neighbours
+from .shard import LiftShard
 from .views import LiftViews
 
 __all__ = ["LiftResult", "lift", "pca_decoder", "aitken_factor", "initial_field"]
@@ -72,7 +82,9 @@ class LiftResult:
     filled:   [N] bool, the feature was filled from observed 3D neighbours (a subset of ``valid``).
     latents:  [N, d] PCA coordinates (None if latent_dim = 0).
     decoder:  [D, d] linear decoder (orthonormal columns): z_hat = normalize(decoder @ f).
-    info:     passes, per-pass step-angle quantile, timings.
+    info:     passes, per-pass step-angle quantile, timings (a distributed lift: the ranks' shares).
+    rows:     None, or in a distributed lift the scene rows [n] whose features this process holds
+              (``features`` is then [n, D]: its block; every other field covers the whole scene).
     """
 
     features: Tensor
@@ -83,6 +95,7 @@ class LiftResult:
     decoder: Optional[Tensor]
     info: Dict[str, object]
     filled: Optional[Tensor] = None
+    rows: Optional[Tensor] = None
 
     def field(self):
         """The lifted :class:`rh3dgs.field.SemanticField` (latents, decoder, valid, filled)."""
@@ -107,7 +120,8 @@ def aitken_factor(norms: Tensor, prev: Tensor, max_rate: float = 0.8) -> Tensor:
     return torch.where((r > 0) & (r < 1), 1.0 / (1.0 - r.clamp_max(max_rate)), torch.ones_like(r))
 
 
-def pca_decoder(features: Tensor, weight: Tensor, d: int, basis: Optional[Tensor] = None) -> tuple:
+def pca_decoder(features: Tensor, weight: Tensor, d: int, basis: Optional[Tensor] = None,
+                total: Optional[Callable[[Tensor], Tensor]] = None) -> tuple:
     """Uncentred weighted PCA: decoder [D, d] = top-d right singular vectors, latents = features @ decoder.
 
     Uncentred, so that the common direction of CLIP-like features (their cone axis) is
@@ -115,11 +129,15 @@ def pca_decoder(features: Tensor, weight: Tensor, d: int, basis: Optional[Tensor
     ``basis`` [D, k] (orthonormal columns): the features are given as their k coordinates in span(basis)
     (the lift's principal subspace); the PCA is then taken on the k x k moments (the same components,
     since every feature lies in that span) and the decoder returned in the full space, [D, d].
+    ``total``: the rows are one block of a distributed lift; it sums the blocks' k x k moments over the ranks
+    (:func:`rh3dgs.distributed.all_reduce`), so every rank gets the same decoder and its block's latents.
     """
     k = features.shape[1]
     d = min(d, k)
     w = weight.clamp_min(0).sqrt()[:, None]
     cov = (features * w).T @ (features * w)  # [k, k]
+    if total is not None:
+        cov = total(cov)
     evals, evecs = torch.linalg.eigh(cov.double())
     coords = evecs[:, torch.argsort(evals, descending=True)[:d]].float()  # [k, d]
     basis_full = coords if basis is None else basis @ coords  # [D, d]
@@ -135,6 +153,8 @@ def lift(
     teacher_maps: TeacherMaps,
     cfg: Optional[LiftConfig] = None,
     progress: bool = True,
+    checkpoint: Optional[Union[str, Path]] = None,
+    distributed: Optional[bool] = None,
 ) -> LiftResult:
     """Lift per-view teacher feature maps into per-Gaussian unit features.
 
@@ -145,29 +165,103 @@ def lift(
             ``i -> [h, w, D]`` (streaming); any resolution (bilinear to the image size),
             renormalised to unit length (zero vectors are ignored pixels).
         cfg: :class:`LiftConfig`.
+        checkpoint: a folder for the state after each pass (:class:`rh3dgs.lifting.checkpoint.PassCheckpoint`): a
+            rerun with the same inputs and settings resumes after the last completed pass.
+        distributed: inside an initialised ``torch.distributed`` group of K > 1 processes (None: whenever there
+            is one), every rank calls ``lift`` with the same arguments and takes its share
+            (:mod:`rh3dgs.lifting.shard`): its views, the Gaussians they see, a block of N / K Gaussians it owns.
+            Every rank gets ``weight``, ``visibility``, ``valid``, ``filled``, ``latents`` and ``decoder`` of the
+            whole scene; ``features`` holds its block only, the scene rows ``LiftResult.rows``.
     """
     cfg = cfg or LiftConfig()
     t0 = time.perf_counter()
     B, N = len(cameras), len(gaussians)
+    group = current() if distributed is not False else None
+    if distributed and group is None:
+        raise ConfigError("lift(distributed=True) needs an initialised torch.distributed group of more than one "
+                          "process (torchrun; rh3dgs.distributed.process_group_from_env)")
     basis = None  # [D, k]: the teacher's principal subspace (cfg.subspace)
     if cfg.subspace and B > 0 and map_dim(teacher_maps) > cfg.subspace:
-        basis = principal_basis(teacher_maps, cfg.subspace, views=B).to(gaussians.device)
+        basis = _subspace_basis(teacher_maps, cfg.subspace, B, gaussians.device, group)
         teacher_maps = ProjectedMaps(teacher_maps, basis, B)
     order = morton_order(gaussians.means)  # the scene in space-filling-curve order (step 0; undone at the end)
     with torch.no_grad():  # a copy of what the lift reads (no graph for a trained model's parameters; its latents
         gaussians = replace(gaussians, latents=None, extra={})[order]  # and extra fields are not read)
-    views = LiftViews(gaussians, cameras, teacher_maps, cfg)  # the view stream and its caches across passes
-    weight, acc_v, mass = views.aggregate("init", description="lift: initial mean", progress=progress)
-    visibility = weight / mass.clamp_min(1e-30)
-    valid = (weight >= cfg.min_weight) & (visibility >= cfg.min_visibility)
-    mu = torch.nn.functional.normalize(acc_v, dim=-1) * valid[:, None]
-    steps: List[float] = []
-    if cfg.method != "euclidean":
-        delta = cfg.delta if cfg.method == "robust" else math.inf
+    shard = LiftShard.make(gaussians, cameras, cfg, group)  # this process's views, seen Gaussians, owned block
+    saved = None
+    if checkpoint is not None:
+        key = fingerprint(gaussians.means, gaussians.quats, gaussians.scales, gaussians.opacities, gaussians.sh0,
+                          cameras.viewmats, cameras.Ks, (cameras.width, cameras.height), B, map_dim(teacher_maps),
+                          basis, repr(cfg))
+        saved = PassCheckpoint(Path(checkpoint), key, shard.start, shard.end, group)
+    state = saved.load(gaussians.device) if saved is not None else None
+    # the view stream and its caches across passes
+    views = LiftViews(shard.scene(gaussians), shard.cameras(cameras), shard.maps(teacher_maps), cfg)
+    mu, weight, visibility, valid, steps, pass_seconds = _passes(views, shard, cfg, saved, state,
+                                                                 progress and shard.is_main)
+    view_info = views.release()  # before the PCA's N x D temporaries
+    observed = valid
+    filled = torch.zeros_like(valid)
+    if cfg.fill and N > 0:
+        mu, filled = fill_from_neighbours(gaussians.means, gaussians.base_colors, mu, shard.gather(observed),
+                                          cfg.fill_neighbors, cfg.fill_color_sigma, cfg.fill_radius,
+                                          confidence=shard.gather(visibility).clamp(0.0, 1.0) ** cfg.fill_visibility_power,
+                                          start=shard.start, fetch=shard.fill_source(mu))
+        valid = observed | filled
+    latents = decoder = None
+    if cfg.latent_dim > 0 and N > 0:  # in the subspace's coordinates when there is one (k x k moments)
+        decoder, latents = pca_decoder(mu, weight * observed, cfg.latent_dim, basis, total=shard.total)
+        latents = latents * valid[:, None]
+    inv = torch.empty_like(order)
+    inv[order] = torch.arange(N, device=order.device)  # back to the scene's order
+    rows = None if shard.group is None else order[shard.start:shard.end]  # the scene rows of this rank's block
+    weight, visibility, valid, observed, filled = (shard.gather(t)[inv] for t in (weight, visibility, valid, observed,
+                                                                                  filled))
+    if shard.group is None:
+        mu = mu[inv]
+    latents = None if latents is None else shard.gather(latents)[inv]
+    if basis is not None:  # back to the teacher's space: unit rows stay unit (orthonormal columns)
+        mu = mu @ basis.T
+    info = {"method": cfg.method, "use_vcd": cfg.use_vcd, "guided": cfg.guided, "passes": 1 + len(steps),
+            "subspace": None if basis is None else int(basis.shape[1]),
+            "step_quantile_per_pass": steps, "seconds_per_pass": pass_seconds, "seconds": time.perf_counter() - t0,
+            "views": B, "gaussians": N,
+            "valid": int(valid.sum()), "observed": int(observed.sum()), "filled": int(filled.sum()),
+            "hidden": int(((weight >= cfg.min_weight) & ~observed).sum()), **view_info, **shard.info()}
+    if state is not None:
+        info["resumed_after_pass"] = int(state["pass"])
+    return LiftResult(mu, weight, visibility, valid, latents, decoder, info, filled, rows)
+
+
+def _passes(views: LiftViews, shard: LiftShard, cfg: LiftConfig, saved: Optional[PassCheckpoint],
+            state: Optional[dict], show: bool) -> tuple:
+    """Steps 1-3 of :func:`lift` over this process's block (after ``state``'s pass when resumed), each pass saved
+    to ``saved``: ``(mu, weight, visibility, observed, steps, seconds per pass)``."""
+    pass_seconds: List[float] = []  # each pass run here: its views, the combination, the owners' update
+    if state is None:
+        t_pass = time.perf_counter()
+        weight, acc_v, mass = shard.combine(views.initial_pass(shard.label("lift: initial mean"), show))
+        visibility = weight / mass.clamp_min(1e-30)
+        valid = (weight >= cfg.min_weight) & (visibility >= cfg.min_visibility)
+        mu = torch.nn.functional.normalize(acc_v, dim=-1) * valid[:, None]
+        del acc_v, mass
         active = valid.clone()  # Gaussians still moving: each one's IRLS depends on its own mean only
         prev: Optional[Tensor] = None  # the previous pass's step lengths, when that pass was not extrapolated
-        for it in range(cfg.iters):
-            acc_w, acc_v, _ = views.aggregate("irls", mu, delta, f"lift: IRLS pass {it + 1}", progress, active)
+        steps: List[float] = []
+        done = cfg.method == "euclidean" or cfg.iters == 0
+        pass_seconds.append(time.perf_counter() - t_pass)
+        if saved is not None:
+            saved.save(0, steps, done, mu=mu, weight=weight, visibility=visibility, observed=valid, active=active)
+    else:  # resumed after pass state["pass"]
+        mu, weight, visibility, valid = state["mu"], state["weight"], state["visibility"], state["observed"]
+        active, prev, steps, done = state["active"], state["prev"], state["steps"], state["done"]
+    if cfg.method != "euclidean" and not done:
+        delta = cfg.delta if cfg.method == "robust" else math.inf
+        for it in range(len(steps), cfg.iters):
+            t_pass = time.perf_counter()
+            acc_w, acc_v, _ = shard.combine(views.irls_pass(shard.spread(mu), delta, shard.label(f"lift: IRLS pass "
+                                                                                                f"{it + 1}"), show,
+                                                            shard.spread(active)), keep=2)
             step = acc_v.div_(acc_w.clamp_min(1e-12)[:, None]).mul_(active[:, None])  # in place: N x D floats each
             del acc_v
             norms = step.norm(dim=-1)
@@ -177,39 +271,37 @@ def lift(
             else:
                 prev = norms
             mu = sphere_exp_(mu, step).mul_(valid[:, None])
-            q_step = float(torch.quantile(norms[valid][:1_000_000], cfg.tol_quantile)) if bool(valid.any()) else 0.0
+            q_step = shard.quantile(norms, valid, cfg.tol_quantile)
             steps.append(q_step)
-            if q_step < cfg.tol:
+            done = q_step < cfg.tol or it + 1 == cfg.iters
+            if not done:
+                active &= norms >= cfg.tol  # converged (step below tol): it stops here, the others go on
+            pass_seconds.append(time.perf_counter() - t_pass)
+            if saved is not None:
+                saved.save(it + 1, steps, done, mu=mu, weight=weight, visibility=visibility, observed=valid,
+                           active=active, prev=prev)
+            if done:
                 break
-            active &= norms >= cfg.tol  # converged (step below tol): it stops here, the others go on
-    view_info = views.release()  # before the PCA's N x D temporaries
-    observed = valid
-    filled = torch.zeros_like(valid)
-    if cfg.fill and N > 0:
-        mu, filled = fill_from_neighbours(gaussians.means, gaussians.base_colors, mu, observed, cfg.fill_neighbors,
-                                          cfg.fill_color_sigma, cfg.fill_radius,
-                                          confidence=visibility.clamp(0.0, 1.0) ** cfg.fill_visibility_power)
-        valid = observed | filled
-    latents = decoder = None
-    if cfg.latent_dim > 0 and N > 0:  # in the subspace's coordinates when there is one (k x k moments)
-        decoder, latents = pca_decoder(mu, weight * observed, cfg.latent_dim, basis)
-        latents = latents * valid[:, None]
-    inv = torch.empty_like(order)
-    inv[order] = torch.arange(N, device=order.device)  # back to the scene's order
-    mu, weight, visibility, valid, observed, filled = (t[inv] for t in (mu, weight, visibility, valid, observed, filled))
-    latents = None if latents is None else latents[inv]
-    if basis is not None:  # back to the teacher's space: unit rows stay unit (orthonormal columns)
-        mu = mu @ basis.T
-    info = {"method": cfg.method, "use_vcd": cfg.use_vcd, "guided": cfg.guided, "passes": 1 + len(steps),
-            "subspace": None if basis is None else int(basis.shape[1]),
-            "step_quantile_per_pass": steps, "seconds": time.perf_counter() - t0, "views": B, "gaussians": N,
-            "valid": int(valid.sum()), "observed": int(observed.sum()), "filled": int(filled.sum()),
-            "hidden": int(((weight >= cfg.min_weight) & ~observed).sum()), **view_info}
-    return LiftResult(mu, weight, visibility, valid, latents, decoder, info, filled)
+    return mu, weight, visibility, valid, steps, pass_seconds
 
 
-def initial_field(gaussians, cameras, teacher_maps, latent_dim: int, lift_cfg=None, progress: bool = False):
-    """Latents [N, d], decoder [D, d] and the lift's result, from the training-free lift (the start of training)."""
+def _subspace_basis(teacher_maps: TeacherMaps, k: int, views: int, device: torch.device,
+                    group: Optional[DistInfo]) -> Tensor:
+    """:func:`principal_basis` of the maps, on the lift's device; in a group computed by rank 0 and broadcast."""
+    if group is None:
+        return principal_basis(teacher_maps, k, views=views).to(device)
+    if group.is_main:
+        basis = principal_basis(teacher_maps, k, views=views).to(device)
+    else:
+        basis = torch.empty(map_dim(teacher_maps), min(k, map_dim(teacher_maps)), device=device)
+    return broadcast(basis)
+
+
+def initial_field(gaussians, cameras, teacher_maps, latent_dim: int, lift_cfg=None, progress: bool = False,
+                  checkpoint: Optional[Union[str, Path]] = None, distributed: Optional[bool] = None):
+    """Latents [N, d], decoder [D, d] and the lift's result, from the training-free lift (the start of training;
+    in a ``torch.distributed`` group, the distributed lift: every rank gets the whole scene's latents)."""
     cfg = replace(lift_cfg or LiftConfig(), latent_dim=latent_dim)
-    res = lift(gaussians, cameras, teacher_maps, cfg, progress=progress)
+    res = lift(gaussians, cameras, teacher_maps, cfg, progress=progress, checkpoint=checkpoint,
+               distributed=distributed)
     return res.latents, res.decoder, res

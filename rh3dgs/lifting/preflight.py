@@ -29,6 +29,13 @@ Training-free lift (float32 unless noted), N Gaussians, V views of H x W, teache
   first when the budget is short): measured K ~ 0.1 N, ~3.5 MB per view at 1M random Gaussians,
   64x64, D = 64. The preflight counts the bound V * (N * 36 + H * W * (D + 1) * 4), at most 2 GB.
 
+Over K processes (``world_size``, :mod:`rh3dgs.lifting.shard`) the estimate is one rank's: its ceil(V / K) views,
+with the per-Gaussian terms above over the Gaussians those views can see (bounded by N: in a scene every view
+sees whole, all of them), plus the block of ceil(N / K) Gaussians it owns
+
+* owned block: summed sums, means, step, received rows  ceil(N / K) * (4 D + 5) * 4
+* the support's copy of the scene                      N * 59 * 4
+
 Which cache a lift uses follows its own rules (:func:`rh3dgs.lifting.views.cache_plan`, from ``LiftConfig``'s
 ``cache_projections``, ``compact_cache``, ``record_contributions``, ``method`` / ``iters``);
 ``tests/test_memory.py`` runs lifts and checks that the estimate predicts the cache they chose.
@@ -104,18 +111,20 @@ class MemoryEstimate:
 def lift_memory_estimate(n: int, views: int, height: int, width: int, dim: int, views_per_batch: Optional[int] = None,
                          threads: int = 0, max_batch_gaussians: Optional[int] = None, *,
                          cfg: Optional[LiftConfig] = None,
-                         device: str = "cpu") -> MemoryEstimate:
+                         device: str = "cpu", world_size: int = 1) -> MemoryEstimate:
     """:class:`MemoryEstimate` of ``rh3dgs.lifting.lift`` with ``cfg`` (a ``LiftConfig``; None: its defaults).
 
     ``views_per_batch`` / ``max_batch_gaussians`` override the config's. The cache the lift
     will choose (``cache``) follows lifting.py's rules: full when ``cache_projections`` (None:
     when V N 40 + V H W 4 (1 + D) < 2 GB), else compact when ``compact_cache`` (None: when
     there are IRLS passes), else none; recorded contributions with the full cache on CPU
-    when ``record_contributions`` is not False.
+    when ``record_contributions`` is not False. ``world_size`` K > 1: one rank's share of a distributed lift.
     """
     import torch
 
     n, views, height, width, dim = (max(0, int(x)) for x in (n, views, height, width, dim))
+    K = max(1, int(world_size))
+    views = -(-views // K)  # a rank's views (all of them in one process)
     cfg = cfg if cfg is not None else LiftConfig()
     full_dim, sub = dim, int(cfg.subspace or 0)
     dim = min(dim, sub) if sub else dim  # the passes see the maps in the teacher's principal subspace
@@ -138,6 +147,10 @@ def lift_memory_estimate(n: int, views: int, height: int, width: int, dim: int, 
         # (at most 2^24 floats, at least one row)
         "guided_upsampling": 4 * (hw * dim + min(hw * dim, max(width * dim, 1 << 24))) if eff.guided else 0,
     }
+    if K > 1:  # the block this rank owns, and the scene's rows its views see (bounded by the scene)
+        owned = -(-n // K)
+        detail["owned_block"] = owned * (4 * dim + 5) * 4 + (owned * full_dim * 4 if full_dim > dim else 0)
+        detail["gaussian_state"] += n * 59 * 4
     streaming = sum(detail.values())
     detail["batch_views"] = b
     recorded = int(min(CACHE_BYTES / 2, views * hw * _CONTRIBUTIONS_PER_PIXEL * 13))
@@ -152,7 +165,8 @@ def lift_memory_estimate(n: int, views: int, height: int, width: int, dim: int, 
 
 def _detail_text(est: MemoryEstimate) -> str:
     d = est.detail
-    parts = [f"{format_bytes(d['gaussian_state'] + d['thread_accumulators'])} per-Gaussian state",
+    owned = f" (+ {format_bytes(d['owned_block'])} for the owned block)" if "owned_block" in d else ""
+    parts = [f"{format_bytes(d['gaussian_state'] + d['thread_accumulators'])} per-Gaussian state{owned}",
              f"{format_bytes(d['batch_teacher_maps'] + d['batch_temporaries'] + d['guided_upsampling'])} for a batch of "
              f"{d['batch_views']} teacher map(s) and their temporaries",
              f"{format_bytes(d['batch_projections'])} projections"]
@@ -165,7 +179,7 @@ def _detail_text(est: MemoryEstimate) -> str:
 
 def preflight_lift(n: int, views: int, height: int, width: int, dim: int, cfg: Optional[LiftConfig] = None, *,
                    threads: int = 0,
-                   device: str = "cpu", what: str = "lift") -> MemoryEstimate:
+                   device: str = "cpu", what: str = "lift", world_size: int = 1) -> MemoryEstimate:
     """Check a lift against :func:`memory_budget` before it starts; returns its :class:`MemoryEstimate`.
 
     Raises :class:`MemoryLimitError` with the estimate and, best first, the settings that
@@ -174,13 +188,14 @@ def preflight_lift(n: int, views: int, height: int, width: int, dim: int, cfg: O
     ``--downscale f`` (the smallest image downscale that fits with one view per batch, streaming).
     """
     cfg = cfg if cfg is not None else LiftConfig()
-    est = lift_memory_estimate(n, views, height, width, dim, cfg=cfg, threads=threads, device=device)
+    est = lift_memory_estimate(n, views, height, width, dim, cfg=cfg, threads=threads, device=device,
+                               world_size=world_size)
     budget, source = memory_budget()
     if est.peak_bytes <= budget:
         return est
     def peak(h: int, w: int, **over: Any) -> int:
         return lift_memory_estimate(n, views, h, w, dim, cfg=replace(cfg, **over), threads=threads,
-                                    device=device).peak_bytes
+                                    device=device, world_size=world_size).peak_bytes
 
     stream = {"cache_projections": False, "compact_cache": False}
     knobs: List[str] = []
@@ -209,6 +224,7 @@ def preflight_lift(n: int, views: int, height: int, width: int, dim: int, cfg: O
         knobs.append(f"fewer Gaussians or a smaller teacher dimension: the per-Gaussian state of {n} Gaussians x "
                      f"D={dim} alone takes {format_bytes(per_gaussian)} (fewer threads, OMP_NUM_THREADS, shrinks "
                      f"its per-thread part), or a machine with more memory")
+    share = f" (one of {world_size} processes' share)" if world_size > 1 else ""
     raise MemoryLimitError(over_budget_message(
-        est.peak_bytes, f"{what} of {n} Gaussians over {views} views of {width}x{height} (D={dim})",
+        est.peak_bytes, f"{what} of {n} Gaussians over {views} views of {width}x{height} (D={dim}){share}",
         _detail_text(est), knobs, budget, source))

@@ -1,8 +1,8 @@
 """The lift's view stream: teacher maps, renders, pixel weights and the caches across passes.
 
 :class:`LiftViews` is the stage between the views and the lift's algorithm
-(:func:`rh3dgs.lifting.lift`): :meth:`LiftViews.aggregate` runs one pass of the native
-aggregation op (``aggregate_sphere``) over every view and returns the per-Gaussian sums, whatever
+(:func:`rh3dgs.lifting.lift`): :meth:`LiftViews.initial_pass` and :meth:`LiftViews.irls_pass` each run one pass of
+the native aggregation op (``aggregate_sphere``) over every view and return the per-Gaussian sums, whatever
 the views cost to produce. The first pass renders each chunk of views (projection + render
 statistics), prepares its teacher maps (:func:`rh3dgs.teachers.maps.prepare_map`) and its pixel
 weights (:func:`rh3dgs.method.vcd.pixel_weights`); later passes re-use what the :func:`cache_plan`
@@ -29,7 +29,7 @@ Memory is O(N D + views_per_batch H W D) besides the caches; nothing is O(N x vi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Literal, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -49,6 +49,9 @@ __all__ = ["LiftViews", "CachePlan", "cache_plan", "CACHE_BYTES"]
 CACHE_BYTES = 2e9
 """The lift's budget for its caches across passes (bytes; the recorded contributions get half of it)."""
 
+#: What a pass of the aggregation op accumulates: the weighted Euclidean sums ("init") or one Huber-IRLS
+#: step ("irls").
+Mode = Literal["init", "irls"]
 
 
 @dataclass
@@ -164,7 +167,8 @@ class _Sums:
 
 
 class LiftViews:
-    """The views of a lift with their caches (module docstring); :meth:`aggregate` is one pass.
+    """The views of a lift with their caches (module docstring); :meth:`initial_pass` and :meth:`irls_pass` are one
+    pass each.
 
     Args:
         gaussians, cameras, teacher_maps: as :func:`rh3dgs.lifting.lift`; cfg: its ``LiftConfig``.
@@ -279,7 +283,8 @@ class LiftViews:
         self.cached_bytes += nb
 
     # ------------------------------------------------------------------ one pass
-    def _add_compact(self, sums: _Sums, views: List[_CompactView], maps: Optional[Tensor], mu, delta, mode) -> None:
+    def _add_compact(self, sums: _Sums, views: List[_CompactView], maps: Optional[Tensor], mu, delta,
+                     mode: Mode) -> None:
         for b, v in enumerate(views):
             if len(v.gids) == 0:
                 continue
@@ -289,12 +294,23 @@ class LiftViews:
                                       self.cfg.tile_size, mu=None if mu is None else mu.index_select(0, gids),
                                       delta=delta, mode=mode), gids)
 
-    def aggregate(self, mode: str, mu: Optional[Tensor] = None, delta: float = float("inf"),
-                  description: str = "lift", progress: bool = True,
+    def initial_pass(self, description: str = "lift: initial mean",
+                     progress: bool = True) -> Tuple[Tensor, Tensor, Tensor]:
+        """The first pass over every view, which fills the caches: per Gaussian the sum of its compositing weights
+        ``sum w`` [N], of its weighted teacher features ``sum w z`` [N, D] and of ``alpha w_bar`` [N] (the
+        visibility's denominator)."""
+        return self._pass("init", None, float("inf"), description, progress, None)
+
+    def irls_pass(self, mu: Tensor, delta: float, description: str = "lift: IRLS pass", progress: bool = True,
                   active: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
-        """One pass of ``aggregate_sphere`` (mode "init" or "irls" around ``mu`` with Huber ``delta``) over every
-        view: (acc_w [N], acc_v [N, D], acc_raw [N]). The "init" pass fills the caches. ``active`` [N] bool: only
-        those Gaussians' sums are needed (the others' are then whatever the path gives: replays skip them)."""
+        """One Huber-IRLS pass around the means ``mu`` [N, D]: ``sum omega`` [N], ``sum omega Log_mu(z)`` [N, D] and
+        ``sum alpha w_bar`` [N]. ``active`` [N] bool: only those Gaussians' sums are needed (the others' are then
+        whatever the path gives: replays skip them)."""
+        return self._pass("irls", mu, delta, description, progress, active)
+
+    def _pass(self, mode: Mode, mu: Optional[Tensor], delta: float, description: str, progress: bool,
+              active: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+        """One pass of the aggregation op over every view, from whatever each chunk of views has cached."""
         sums = _Sums(self.N)
         replay: List[Tuple[Contributions, Tensor, Tensor]] = []  # the recorded chunks: replayed in one call below
         for ci in track(range(len(self.chunks)), description=description, disable=not progress):

@@ -40,7 +40,7 @@ tensor(1.)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Annotated, Optional, Tuple
 
 import numpy as np
 import torch
@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from scipy.spatial import cKDTree
 
 from ..errors import ConfigError, NonFiniteError, ShapeError
+from ..ranges import Range, check_fields
 from ..ops.lic import lic_infonce, lic_pull
 
 __all__ = ["LICConfig", "radius_graph", "spherical_kmeans", "pseudo_instances", "LICLoss"]
@@ -57,86 +58,61 @@ Tensor = torch.Tensor
 
 @dataclass
 class LICConfig:
-    """Settings of the LIC contrastive loss."""
+    """Settings of the LIC loss: the paper's defaults here, the objective's in rh3dgs() (docs/method.md, section 4)."""
 
-    radius: float = 0.05
-    """gamma: neighbourhood radius in world units (scene-scale dependent; nerfstudio
-    normalises scenes to roughly [-1, 1])."""
-    max_neighbors: int = 16
-    """Cap on neighbours per Gaussian (the nearest ones are kept)."""
-    num_anchors: int = 1024
-    """Anchors sampled per step (without replacement, among Gaussians with a positive)."""
-    num_random_negatives: int = 64
-    """Random Gaussians per anchor added as negatives (those sharing the anchor's
-    pseudo-instance are masked out)."""
-    temperature: float = 0.1
+    radius: Annotated[float, Range(gt=0)] = 0.05
+    """gamma: neighbourhood radius in world units (nerfstudio scenes span about [-1, 1])."""
+    max_neighbors: Annotated[int, Range(ge=1)] = 16
+    """Neighbours per Gaussian at most (the nearest are kept)."""
+    num_anchors: Annotated[int, Range(ge=1)] = 1024
+    """Anchors sampled per step, among the Gaussians that have a positive."""
+    num_random_negatives: Annotated[int, Range(ge=0)] = 64
+    """infonce: random Gaussians per anchor added as negatives (its own pseudo-instance's left out)."""
+    temperature: Annotated[float, Range(gt=0)] = 0.1
     """tau in the InfoNCE logits cos / tau."""
-    num_clusters: int = 32
-    """Number of pseudo-instances (k of the spherical k-means)."""
-    kmeans_iters: int = 20
+    num_clusters: Annotated[int, Range(ge=1)] = 32
+    """features: number of pseudo-instances (k of the spherical k-means)."""
+    kmeans_iters: Annotated[int, Range(ge=0)] = 20
     """Lloyd iterations of the spherical k-means."""
-    kmeans_max_points: int = 200_000
+    kmeans_max_points: Annotated[int, Range(ge=1)] = 200_000
     """The k-means is fitted on at most this many random Gaussians, then all are assigned."""
-    cluster_position_weight: float = 0.0
-    """0: cluster features only. > 0: append ``weight * (p - mean) / rms_radius`` to the
-    normalised features before the (cosine) clustering, so pseudo-instances are also
-    spatially compact."""
+    cluster_position_weight: Annotated[float, Range(ge=0)] = 0.0
+    """Weight of the positions in the clustering, >= 0 (0: features only; > 0: spatially compact instances)."""
     centered: bool = False
-    """Contrast the features less their mean direction (taken at each refresh): CLIP-like features share a
-    common direction (every pair has a cosine of ~0.7), which the random negatives would otherwise fight."""
+    """Contrast the features less their mean direction, taken at each refresh (for infonce)."""
     positives: str = "features"
-    """'features': a neighbour is a positive when it shares the anchor's pseudo-instance (k-means of the current
-    features, the paper); 'appearance': when its colour is within ``color_threshold`` of the anchor's (the
-    Gaussians' colours are then required: ``colors=``)."""
-    color_threshold: float = 0.1
-    """'appearance': RGB distance (colours in [0, 1]) below which a neighbour is a positive."""
+    """features: a neighbour of the same pseudo-instance (the paper); appearance: of a colour within color_threshold."""
+    color_threshold: Annotated[float, Range(gt=0)] = 0.1
+    """appearance: RGB distance (colours in [0, 1]) below which a neighbour is a positive."""
     form: str = "infonce"
-    """'infonce': the multi-positive InfoNCE against neighbour and random negatives; 'pull': the mean
-    ``1 - cos`` to the positives, no negatives."""
-    refresh_every: int = 1000
-    """Rebuild graph and pseudo-instances every this many steps (and whenever N changes)."""
-    warmup_steps: int = 5000
-    """LIC is off (exact 0) before this step."""
+    """infonce: multi-positive InfoNCE with negatives (the paper); pull: mean 1 - cos to the positives."""
+    refresh_every: Annotated[int, Range(ge=1)] = 1000
+    """Rebuild the graph and the positives every this many steps (and whenever N changes)."""
+    warmup_steps: Annotated[int, Range(ge=0)] = 5000
+    """LIC is exactly 0 before this step."""
     seed: int = 0
-    """Seed of the anchor / negative sampling and of the k-means."""
-    kdtree_workers: int = -1
-    """Threads for the k-d tree queries (-1 = all cores: the graph is the same for any count; a rebuild of 11k
-    clustered points took 47 ms on one of 2 cores, 38 ms on both)."""
+    """Seed of the anchor and negative sampling and of the k-means."""
+    kdtree_workers: Annotated[int, Range(ge=-1)] = -1
+    """Threads of the k-d tree queries (-1: all cores; the graph is the same for any count)."""
 
     @classmethod
     def rh3dgs(cls, **overrides) -> "LICConfig":
-        """The settings the objective uses (chosen on development draws of the synthetic suite, docs/method.md
-        section 7): appearance positives (a neighbour within 0.1 in RGB), the 'pull' form without negatives,
-        radius 0.06 with up to 32 neighbours, 2048 anchors a step, no warm-up (training starts from the lift).
-        Against the objective without LIC: +1.62 / +1.45 mIoU, +6.0 / +5.5 3D mIoU on two development seeds (40
-        pairs), every teacher preset's mean positive; the paper's k-means pseudo-instances with InfoNCE cost
-        0.1-7.7 mIoU there."""
+        """The settings the objective uses: appearance positives (a neighbour within 0.1 in RGB), the pull form
+        without negatives, radius 0.06 with up to 32 neighbours, 2048 anchors a step, no warm-up (why:
+        docs/method.md, section 4, "Appearance positives and the pull form")."""
         base = dict(positives="appearance", form="pull", radius=0.06, max_neighbors=32, num_anchors=2048,
                     num_random_negatives=0, warmup_steps=0)
         base.update(overrides)
         return cls(**base)
 
     def __post_init__(self) -> None:
-        if not self.radius > 0:
-            raise ConfigError(f"LICConfig.radius must be > 0, got {self.radius}")
-        if not self.temperature > 0:
-            raise ConfigError(f"LICConfig.temperature must be > 0, got {self.temperature}")
-        for name in ("max_neighbors", "num_anchors", "num_clusters", "refresh_every"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"LICConfig.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("num_random_negatives", "kmeans_iters", "warmup_steps"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"LICConfig.{name} must be >= 0, got {getattr(self, name)}")
-        if self.kmeans_max_points < 1:
-            raise ConfigError(f"LICConfig.kmeans_max_points must be >= 1, got {self.kmeans_max_points}")
+        check_fields(self)  # every numeric field against its declared Range (rh3dgs.ranges)
+        if self.kdtree_workers == 0:
+            raise ConfigError("LICConfig.kdtree_workers must be -1 (all cores) or >= 1, got 0")
         if self.positives not in ("features", "appearance"):
             raise ConfigError(f"LICConfig.positives must be 'features' or 'appearance', got {self.positives!r}")
         if self.form not in ("infonce", "pull"):
             raise ConfigError(f"LICConfig.form must be 'infonce' or 'pull', got {self.form!r}")
-        if not self.color_threshold > 0:
-            raise ConfigError(f"LICConfig.color_threshold must be > 0, got {self.color_threshold}")
-        if self.cluster_position_weight < 0:
-            raise ConfigError(f"LICConfig.cluster_position_weight must be >= 0, got {self.cluster_position_weight}")
 
 
 def radius_graph(means: Tensor, radius: float, max_neighbors: int, workers: int = 1) -> Tensor:
@@ -343,6 +319,22 @@ class LICLoss:
         self.nbr_idx, self.positive = nbr, pos
         self.eligible = torch.nonzero(pos.any(1)).flatten()
         self.last_refresh = int(step)
+
+    _STATE = ("nbr_idx", "labels", "eligible", "center", "colors", "positive")
+
+    def state_dict(self) -> dict:
+        """The graph, the positives, the last refresh and the sampling generator's state (a checkpoint: a run resumed
+        from it draws the same anchors as one that went on)."""
+        state = {k: getattr(self, k) for k in self._STATE}
+        state.update(last_refresh=self.last_refresh, generator=self._gen.get_state())
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`."""
+        for k in self._STATE:
+            setattr(self, k, state[k])
+        self.last_refresh = state["last_refresh"]
+        self._gen.set_state(state["generator"])
 
     def _same_instance(self, anchors: Tensor, others: Tensor) -> Tensor:
         """[A, R] bool: whether ``others`` [A, R] would be positives of ``anchors`` [A] (their pseudo-instance, or

@@ -26,7 +26,7 @@ What a training step of either path computes from a render of the latents (B vie
   to it), and without this term training drifts along those mixes, away from per-Gaussian answers
   (held-out views and 3D queries lose while the training pixels fit). It is computed from the render
   of the latents and A alone (for unit latents), at no extra rasterization cost. LIC (below) holds much of
-  the same drift in 3D, and with both on the strong CLIP-like teacher loses (docs/method.md section 7).
+  the same drift in 3D, and with both on the strong CLIP-like teacher loses (docs/method.md, section 7).
 * LIC (:mod:`rh3dgs.method.lic`, ``LICConfig.rh3dgs()``) pulls each Gaussian's decoded feature towards those of its
   3D neighbours of the same colour: a piece of one surface carries one feature, in the views and between
   them. Its positives come from the Gaussians' colours, not from the features being trained.
@@ -38,19 +38,20 @@ The pixel weights are :func:`rh3dgs.method.vcd.pixel_weights`, the lift's defini
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Dict, Optional, Tuple
+from typing import Annotated, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import ConfigError
+from ..ranges import Range, check_fields
 from ..field import decoder_factor
 from .lic import LICConfig, LICLoss
 from .selection import SelectionConfig
 from .sphere import geodesic_distance, huber
 from .vcd import VCDConfig, pixel_weights, teacher_footprint
-from .vfm import VFMConfig, delta_at, vfm_loss
+from .vfm import VFMConfig, delta_at, kept_segments, vfm_loss
 
 __all__ = ["ObjectiveConfig", "SemanticObjective", "ray_spread", "teacher_grid"]
 
@@ -71,7 +72,12 @@ def teacher_grid(teacher: Tensor, size: Tuple[int, int]) -> Tuple[int, int]:
     return (h_t, w_t) if (h_t <= H and w_t <= W) else (H, W)
 
 
-def ray_spread(latents_2d: Tensor, alpha: Tensor, min_coverage: float = 0.5) -> Tensor:
+RAY_COVERAGE = 0.5
+"""The accumulated opacity from which :func:`ray_spread` counts a pixel (as the objective calls it)."""
+
+
+def ray_spread(latents_2d: Tensor, alpha: Tensor, min_coverage: float = RAY_COVERAGE,
+               total: Optional[Tensor] = None) -> Tensor:
     """Mean over covered pixels of the spread of the unit latents composited along each ray.
 
     With compositing weights ``w_i`` (``A = sum_i w_i``), composite ``F = sum_i w_i f_i`` and unit ``f_i``::
@@ -80,7 +86,8 @@ def ray_spread(latents_2d: Tensor, alpha: Tensor, min_coverage: float = 0.5) -> 
 
     0 when every Gaussian on the ray carries the same feature. Pixels with ``A < min_coverage`` are left out.
 
-    Args: latents_2d [B, H, W, d] (``sum_i w_i f_i``, no background), alpha [B, H, W].
+    Args: latents_2d [B, H, W, d] (``sum_i w_i f_i``, no background), alpha [B, H, W]; total: the covered pixels of
+    a batch these views are part of (its other views on other processes), instead of theirs.
 
     >>> import torch
     >>> f = torch.tensor([[[[0.5, 0.5]]]])                  # two Gaussians of weight 0.5, features e0 and e1
@@ -89,7 +96,7 @@ def ray_spread(latents_2d: Tensor, alpha: Tensor, min_coverage: float = 0.5) -> 
     """
     cov = (alpha >= min_coverage).to(latents_2d.dtype)
     spread = alpha - (latents_2d * latents_2d).sum(-1) / alpha.clamp_min(1e-6)
-    return (cov * spread).sum() / cov.sum().clamp_min(1.0)
+    return (cov * spread).sum() / (cov.sum() if total is None else total.to(cov)).clamp_min(1.0)
 
 
 def _pool(x: Tensor, grid: Tuple[int, int]) -> Tensor:
@@ -106,62 +113,44 @@ def _pool(x: Tensor, grid: Tuple[int, int]) -> Tensor:
 
 @dataclass
 class ObjectiveConfig:
-    """Settings of the semantic objective (the ablation switches are ``use_vcd / use_vfm / use_lic``)."""
+    """Settings of the semantic objective; the ablation switches are use_vcd, use_vfm and use_lic (docs/method.md,
+    section 7, says why each default is what it is)."""
 
     use_vcd: bool = True
-    """Weight pixels by VCD reliability (False: uniform on covered pixels with a teacher feature)."""
+    """VCD reliability weights on the pixels (off: uniform on covered pixels with a teacher feature)."""
     vcd: VCDConfig = field(default_factory=lambda: VCDConfig.rh3dgs(mixing_coarse_only=True))
-    """VCD settings (:meth:`rh3dgs.method.vcd.VCDConfig.rh3dgs`: opacity and depth variance, mask specificity, no edge or
-    footprint terms: a small object is a feature bump with edges all around, so teacher-feature edges down-weight
-    exactly the views that see it), with opacity and depth variance only against a teacher coarser than the render
-    (``mixing_coarse_only``: on the mask teachers' development pairs they cost held-out and 3D mIoU once training
-    starts from the lift; docs/method.md section 7)."""
+    """VCD's terms: the lift's, with opacity and depth variance only against teachers coarser than the render."""
     use_vfm: bool = True
-    """Geodesic Huber pixel term + robust Frechet-mean term (False: 1 - cosine)."""
+    """Geodesic Huber pixel term + robust Frechet-mean term (off: 1 - cosine)."""
     vfm: Optional[VFMConfig] = None
-    """VFM settings; None: :meth:`vfm_config` (a constant Huber threshold of 0.1 rad: training starts from the
-    lift, already close to the teacher, so every pixel's pull is capped from the first step; the paper's
-    annealing from 1 rad is for random latents, e.g. ``DistillConfig(init="pca")`` with
-    ``vfm=VFMConfig(anneal_steps=steps)``; no Frechet-mean term, see :data:`VFM_DELTA`)."""
+    """VFM's settings (None: a constant 0.1 rad Huber threshold, no mean term: training starts from the lift)."""
     use_lic: bool = True
-    """LIC on the decoded per-Gaussian features: each Gaussian is pulled to the features of its 3D neighbours of
-    the same colour (:meth:`rh3dgs.method.lic.LICConfig.rh3dgs`; the paper's k-means pseudo-instances with InfoNCE cost
-    held-out mIoU in every form tried once training starts from the lift, docs/method.md section 7)."""
+    """LIC on the decoded features: each Gaussian pulled to its 3D neighbours of the same colour."""
     lic: Optional[LICConfig] = None
-    """LIC settings; None: :meth:`lic_config` (:meth:`rh3dgs.method.lic.LICConfig.rh3dgs`, start and refresh scaled to
-    the run)."""
-    lambda_sem: float = 1.0
-    """Weight of the semantic pixel loss."""
-    lambda_con: float = 0.3
-    """Weight of LIC (0.3: +0.4 mIoU, +1.3 3D mIoU over 0.1 on 20 development pairs; 1 and 3 cost the strong
-    CLIP-like teacher)."""
-    lambda_ray: float = 0.1
-    """Weight of the ray-consistency term :func:`ray_spread` (inside ``lambda_sem``; 0 = off). Without LIC it gained
-    ~1 mIoU; with LIC it cost 0.83 mIoU on 20 development pairs (2.8 on the strong CLIP-like teacher), and LIC
-    without it gained 0.5-0.8 mIoU more over two development seeds, but left VCD's margin on the moderate CLIP-like
-    teacher at -0.44 mIoU: kept until that is measured on its own (docs/method.md section 7)."""
-    lic_start: float = 0.0
-    """LIC's start as a fraction of the run (training starts from the lift, so its pseudo-instances are
-    meaningful from step 0; the paper's warm-up protects random initial latents)."""
+    """LIC's settings (None: LICConfig.rh3dgs(), its start and refresh scaled to the run)."""
+    lambda_sem: Annotated[float, Range(ge=0)] = 1.0
+    """Weight of the semantic pixel loss, >= 0."""
+    lambda_con: Annotated[float, Range(ge=0)] = 0.3
+    """Weight of LIC, >= 0; larger (1, 3) costs the strong CLIP-like teacher."""
+    lambda_ray: Annotated[float, Range(ge=0)] = 0.1
+    """Weight of the ray-consistency term ray_spread() inside lambda_sem, >= 0 (0: off)."""
+    lic_start: Annotated[float, Range(ge=0, le=1)] = 0.0
+    """LIC's start as a fraction of the run, in [0, 1] (the paper warms up from random latents)."""
     resolution: str = "teacher"
-    """'teacher': pool the render to the teacher map's grid; 'image': upsample the teacher to the render."""
+    """teacher: pool the render to the teacher map's grid; image: upsample the teacher to the render."""
     spherical_latents: bool = True
     """Normalise every Gaussian's latent before compositing (unit features per Gaussian)."""
     background_latent: bool = True
     """Composite a learnt background latent where the render is transparent (1 - A)."""
-    min_coverage: float = 0.5
-    """resolution='image': pixels with accumulated opacity below this are left out."""
+    min_coverage: Annotated[float, Range(ge=0, le=1)] = 0.5
+    """resolution image: pixels with accumulated opacity below this are left out."""
     selection: SelectionConfig = field(default_factory=SelectionConfig)
-    """Check views, the step with the best check loss, the per-Gaussian fallback to the lift and the refit on every
-    view (:mod:`rh3dgs.method.selection`; e.g. ``SelectionConfig(check_fraction=1 / 6)``). Off by default (every view
-    trains, the last step is kept): on the suite's development part it lost 1.2 mIoU to training without it
-    (docs/method.md, section 8)."""
+    """Check views, the best step, the per-Gaussian fallback, the refit (rh3dgs.method.selection); off: it lost on development."""
 
     def __post_init__(self) -> None:
         if self.resolution not in ("teacher", "image"):
             raise ConfigError(f"ObjectiveConfig.resolution must be 'teacher' or 'image', got {self.resolution!r}")
-        if not (self.lambda_sem >= 0 and self.lambda_con >= 0 and self.lambda_ray >= 0 and 0.0 <= self.lic_start <= 1.0):
-            raise ConfigError("ObjectiveConfig: lambda_sem, lambda_con, lambda_ray >= 0 and lic_start in [0, 1] are required")
+        check_fields(self)  # every numeric field against its declared Range (rh3dgs.ranges)
 
     @property
     def label(self) -> str:
@@ -189,7 +178,7 @@ class SemanticObjective(torch.nn.Module):
 
     Use per step: ``latents = obj.gaussian_latents(raw)``, render them, then
     ``loss, parts = obj(step, render_result_latents, alpha, d1, d2, decoder, teacher)`` and
-    ``loss = loss + obj.contrast(step, latents, decoder, means)``.
+    ``loss = loss + obj.lic_loss(step, latents, decoder, means)``.
     """
 
     def __init__(self, cfg: ObjectiveConfig, latent_dim: int, steps: int, seed: int = 0):
@@ -218,8 +207,20 @@ class SemanticObjective(torch.nn.Module):
         background latent, not normalised; z [B, h, w, D] unit teacher (zero rows: no feature); w [B, h, w]
         pixel weights (no gradient; 0 where the teacher gives no feature).
         """
+        grid, z, w = self.targets((int(latents_2d.shape[1]), int(latents_2d.shape[2])), alpha, depth_m1, depth_m2,
+                                  teacher, regions, footprint)
+        pooled = _pool(latents_2d, grid)
+        if self.cfg.background_latent:  # after the (linear) pooling: the same sum at the grid's size, not the render's
+            pooled = pooled + (1.0 - _pool(alpha[..., None], grid)) * self.background
+        pred = pooled @ decoder.T  # [B, h, w, D], normalised by the losses
+        return pred, z, w
+
+    def targets(self, size: Tuple[int, int], alpha: Tensor, depth_m1: Tensor, depth_m2: Tensor, teacher: Tensor,
+                regions: Optional[Tensor] = None, footprint: Optional[float] = None) -> tuple:
+        """What a render of ``size`` (H, W) is compared with: ``(grid, z, w)``, the comparison grid (h, w), the unit
+        teacher z [B, h, w, D] and the pixel weights w [B, h, w] of :meth:`compare` (none depends on the latents)."""
         cfg = self.cfg
-        H, W = latents_2d.shape[1:3]
+        H, W = size
         grid = teacher_grid(teacher, (H, W)) if cfg.resolution == "teacher" else (H, W)
         from ..teachers.maps import prepare_map, region_fraction
 
@@ -239,12 +240,35 @@ class SemanticObjective(torch.nn.Module):
             footprint = teacher_footprint((int(teacher.shape[-3]), int(teacher.shape[-2])), (H, W))
         w_img = pixel_weights(alpha, depth_m1, depth_m2, z_img if z_img is not None else None, use_vcd=cfg.use_vcd,
                               vcd=cfg.vcd, min_coverage=min_cov, footprint=footprint, region_fraction=regions)
-        pooled = _pool(latents_2d, grid)
-        if cfg.background_latent:  # after the (linear) pooling: the same sum at the grid's size, not the render's
-            pooled = pooled + (1.0 - _pool(alpha[..., None], grid)) * self.background
-        pred = pooled @ decoder.T  # [B, h, w, D], normalised by the losses
         w = _pool(w_img[..., None], grid)[..., 0] * (torch.linalg.vector_norm(z, dim=-1) > 0.5)
-        return pred, z, w
+        return grid, z, w
+
+    def totals(self, alpha: Tensor, depth_m1: Tensor, depth_m2: Tensor, teacher: Tensor,
+               regions: Optional[Tensor] = None, footprint: Optional[float] = None) -> Tensor:
+        """[3] float64: what :meth:`forward` divides its terms by, for these views: the pixel weights' sum (the VFM or
+        cosine pixel term), the covered pixels (the ray term) and the kept segments (VFM's mean term).
+
+        Additive over views. A step's batch split over processes (``distill()`` in a ``torch.distributed`` group)
+        passes the sum over the whole batch to ``forward(totals=...)``: each process's loss is then its share of the
+        batch's loss (numerators over its views, denominators over all of them), and the shares' gradients add up
+        to the batch's. Args as :meth:`forward`, without the latents (none of these depends on them)."""
+        H, W = int(alpha.shape[1]), int(alpha.shape[2])
+        grid, _, w = self.targets((H, W), alpha, depth_m1, depth_m2, teacher, regions, footprint)
+        segments = 0
+        if self.cfg.use_vfm and self.vfm_cfg.lambda_mean > 0:
+            region_ids = None
+            if self.vfm_cfg.region_wise:
+                from ..teachers.maps import constant_regions
+
+                region_ids = constant_regions(teacher, grid).to(w.device)
+            segments = kept_segments(w, region_ids, self.vfm_cfg)
+        covered = float((alpha >= RAY_COVERAGE).sum()) if self.cfg.lambda_ray > 0 else 0.0
+        return torch.tensor([float(w.sum()), covered, float(segments)], dtype=torch.float64)
+
+    @staticmethod
+    def pool(x: Tensor, grid: Tuple[int, int]) -> Tensor:
+        """[B, H, W, C] -> [B, h, w, C]: the area mean the objective compares renders and teacher maps with."""
+        return _pool(x, grid)
 
     def cell_losses(self, latents_2d: Tensor, alpha: Tensor, depth_m1: Tensor, depth_m2: Tensor, decoder: Tensor,
                     teacher: Tensor, regions: Optional[Tensor] = None,
@@ -262,7 +286,7 @@ class SemanticObjective(torch.nn.Module):
 
     def forward(self, step: int, latents_2d: Tensor, alpha: Tensor, depth_m1: Tensor, depth_m2: Tensor,
                 decoder: Tensor, teacher: Tensor, regions: Optional[Tensor] = None,
-                footprint: Optional[float] = None) -> Tuple[Tensor, Dict[str, float]]:
+                footprint: Optional[float] = None, totals: Optional[Tensor] = None) -> Tuple[Tensor, Dict[str, float]]:
         """Semantic pixel loss of B rendered views.
 
         Args:
@@ -273,6 +297,8 @@ class SemanticObjective(torch.nn.Module):
             footprint: pixels of the render each cell of the teacher's own map describes
                 (:func:`rh3dgs.method.vcd.teacher_footprint`; VCD's ``mixing_coarse_only``), for a caller that resized the
                 map (None: read off ``teacher``).
+            totals: [3] :meth:`totals` summed over a batch these views are part of (the rest on other processes):
+                the terms are then divided by the batch's normalisers, not these views' own.
         Returns:
             ``(lambda_sem * L_sem, parts)``.
         """
@@ -284,19 +310,20 @@ class SemanticObjective(torch.nn.Module):
                 from ..teachers.maps import constant_regions
 
                 region_ids = constant_regions(teacher, tuple(pred.shape[1:3])).to(pred.device)
-            loss, p = vfm_loss(pred, z, w, step, self.vfm_cfg, regions=region_ids)
+            loss, p = vfm_loss(pred, z, w, step, self.vfm_cfg, regions=region_ids,
+                               totals=None if totals is None else (totals[0], totals[2]))
             parts = {"pix": float(p["pix"]), "mean": float(p["mean"]), "delta": float(p["delta"])}
         else:
             cos = (F.normalize(pred, dim=-1) * z).sum(-1)
-            loss = (w * (1.0 - cos)).sum() / w.sum().clamp_min(1e-12)
+            loss = (w * (1.0 - cos)).sum() / (w.sum() if totals is None else totals[0].to(w)).clamp_min(1e-12)
             parts = {"pix": float(loss.detach())}
         if cfg.lambda_ray > 0:
-            ray = ray_spread(latents_2d, alpha)
+            ray = ray_spread(latents_2d, alpha, total=None if totals is None else totals[1])
             loss = loss + cfg.lambda_ray * ray
             parts["ray"] = float(ray.detach())
         return cfg.lambda_sem * loss, parts
 
-    def contrast(self, step: int, latents: Tensor, decoder: Tensor, means: Tensor,
+    def lic_loss(self, step: int, latents: Tensor, decoder: Tensor, means: Tensor,
                  subset: Optional[Tensor] = None, colors: Optional[Tensor] = None) -> Tensor:
         """``lambda_con * LIC`` on the decoded unit features of the Gaussians (``subset``: indices to use; ``colors``
         [N, 3]: the Gaussians' colours, read by LIC's appearance positives when its graph is rebuilt, so a caller may

@@ -49,12 +49,12 @@ functions with the same :class:`SelectionConfig` (a field of :class:`~rh3dgs.met
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Annotated, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError
+from ..ranges import Range, check_fields
 
 __all__ = ["SelectionConfig", "check_view_indices", "check_loss", "BestField", "select_field", "CheckViews",
            "subset_maps", "fit_lift", "lift_latents", "apply_decisions"]
@@ -64,14 +64,14 @@ __all__ = ["SelectionConfig", "check_view_indices", "check_loss", "BestField", "
 class SelectionConfig:
     """Check views, step selection and the per-Gaussian fallback (module docstring)."""
 
-    check_fraction: float = 0.0
+    check_fraction: Annotated[float, Range(ge=0, lt=1)] = 0.0
     """Share of the training views held out of the semantic loss as check views (at least one when > 0, none with
     fewer than 2 views; 0 = off: every view trains, the last step is kept)."""
-    check_every: int = 10
+    check_every: Annotated[int, Range(ge=1)] = 10
     """Steps between two measurements of the check loss."""
     gaussian_fallback: bool = True
     """Per-Gaussian fallback to the lift where training raised the check loss."""
-    fallback_t: float = 2.0
+    fallback_t: Annotated[float, Range(ge=0)] = 2.0
     """A Gaussian falls back when its check-loss increase is this many standard errors above 0 (``g_i > t sigma /
     sqrt(n_i)``: ``sigma`` the spread of the cells' loss changes, ``n_i`` the check cells' worth of weight it has)."""
     refit: bool = True
@@ -79,8 +79,7 @@ class SelectionConfig:
     run's decisions (lift, trained, or per Gaussian) to that field: the check views' information is not lost."""
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.check_fraction < 1.0 or self.check_every < 1:
-            raise ConfigError("SelectionConfig: check_fraction in [0, 1) and check_every >= 1 are required")
+        check_fields(self)  # every numeric field against its declared Range (rh3dgs.ranges)
 
     @property
     def on(self) -> bool:
@@ -132,8 +131,6 @@ def check_loss(objective, views, view_ids: Sequence[int], latents: Tensor, backg
     objective's background latent, or None for zero); teacher: per check view its [h, w, D] map as the teacher gives it;
     regions: per check view its [H, W] region fractions (when the objective reads them).
     """
-    from .objective import _pool
-
     losses, weights = [], []
     bg = objective.background
     with torch.no_grad():
@@ -147,7 +144,7 @@ def check_loss(objective, views, view_ids: Sequence[int], latents: Tensor, backg
                 alpha = views.alpha[v:v + 1]
                 l, w = objective.cell_losses(lat2d, alpha, views.d1[v:v + 1], views.d2[v:v + 1], decoder,
                                              teacher[j][None].float(), reg)
-                covered = _pool(alpha[..., None], tuple(l.shape[1:3]))[..., 0] >= 0.5
+                covered = objective.pool(alpha[..., None], tuple(l.shape[1:3]))[..., 0] >= 0.5
                 losses.append(l[0])
                 weights.append((w * covered)[0])
         finally:
@@ -182,13 +179,11 @@ class BestField:
 def _credit(objective, views, view_ids: Sequence[int], grid: Tuple[int, int], cell_values: Tensor) -> Tensor:
     """[N] ``sum_c a_i(c) cell_values(c)``: per Gaussian, its compositing weight averaged over each cell, times
     the cell's value, summed over the check cells (one backward through the render of a constant)."""
-    from .objective import _pool
-
     N = len(views.gaussians)
     with torch.enable_grad():  # the callers run under no_grad
         ones = torch.ones(N, 1, device=cell_values.device, requires_grad=True)
         for j, v in enumerate(view_ids):
-            pooled = _pool(views.render(ones, [v]), grid)[0, ..., 0]
+            pooled = objective.pool(views.render(ones, [v]), grid)[0, ..., 0]
             (pooled * cell_values[j].detach()).sum().backward()
     return ones.grad[:, 0].detach()
 

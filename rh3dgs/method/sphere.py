@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Annotated, Any, Dict, Optional, Tuple, Union
 
 import torch
 
@@ -30,6 +30,7 @@ with warnings.catch_warnings():  # geoopt uses torch.jit.script, deprecated in r
     import geoopt
 
 from ..errors import ConfigError, NonFiniteError, ShapeError
+from ..ranges import Range, check_fields
 
 __all__ = [
     "FrechetMeanConfig",
@@ -197,29 +198,21 @@ def sphere_exp_(mu: Tensor, v: Tensor) -> Tensor:
 # --------------------------------------------------------------------------------------
 @dataclass
 class FrechetMeanConfig:
-    """Settings of :func:`robust_frechet_mean` (pass with ``**cfg.as_kwargs()``)."""
+    """Settings of robust_frechet_mean() (pass with **cfg.as_kwargs()); docs/method.md, section 1."""
 
-    delta: float = math.inf
-    """Huber threshold in radians; ``inf`` gives the Karcher (squared-distance) mean,
-    small values approach the geodesic median."""
-    max_iters: int = 50
+    delta: Annotated[float, Range(gt=0, finite=False)] = math.inf
+    """Huber threshold in radians (inf: the Karcher mean; small values approach the geodesic median)."""
+    max_iters: Annotated[int, Range(ge=0)] = 50
     """Maximum number of IRLS iterations."""
-    tol: float = 1e-7
-    """Stop when the largest step angle (rad) over all segments is below this; the
-    effective tolerance is never below 10 machine epsilons of the dtype."""
+    tol: Annotated[float, Range(ge=0)] = 1e-7
+    """Stop when the largest step angle (radians) is below this (never below 10 machine epsilons)."""
     differentiable: bool = True
-    """Return a mean that carries gradients to ``x`` (and to ``weights``)."""
+    """Return a mean that carries gradients to x (and to weights)."""
     backward: str = "implicit"
-    """'implicit': iterate without autograd, then attach the exact fixed-point gradient
-    (implicit function theorem, Hessian solved by conjugate gradients; memory O(K D)).
-    'unrolled': backpropagate through every iteration (memory O(iters K D))."""
+    """implicit (fixed-point gradient, memory O(K D)) or unrolled (through every iteration, O(iters K D))."""
 
     def __post_init__(self) -> None:
-        _check_delta(self.delta)
-        if self.max_iters < 0:
-            raise ConfigError(f"FrechetMeanConfig.max_iters must be >= 0, got {self.max_iters}")
-        if not self.tol >= 0:
-            raise ConfigError(f"FrechetMeanConfig.tol must be >= 0, got {self.tol}")
+        check_fields(self)  # every numeric field against its declared Range (rh3dgs.ranges)
         if self.backward not in ("implicit", "unrolled"):
             raise ConfigError(f"FrechetMeanConfig.backward must be 'implicit' or 'unrolled', got {self.backward!r}")
 
@@ -313,33 +306,8 @@ def robust_frechet_mean(
     if not torch.isfinite(x).all():
         raise NonFiniteError("robust_frechet_mean: x contains NaN/Inf")
 
-    if weights is None:
-        w = torch.ones(K, dtype=dtype, device=device)
-    else:
-        if weights.shape != (K,):
-            raise ShapeError(f"robust_frechet_mean: weights must be [K]={[K]}, got {list(weights.shape)}")
-        w = weights.to(dtype)
-        if not torch.isfinite(w).all():
-            raise NonFiniteError("robust_frechet_mean: weights contain NaN/Inf")
-        if (w < 0).any():
-            raise ConfigError("robust_frechet_mean: weights must be >= 0")
-
-    if segment_ids is None:
-        S = 1 if num_segments is None else int(num_segments)
-        seg = torch.zeros(K, dtype=torch.long, device=device)
-        if S < 1:
-            raise ShapeError(f"robust_frechet_mean: num_segments must be >= 1, got {S}")
-    else:
-        if segment_ids.shape != (K,) or segment_ids.is_floating_point():
-            raise ShapeError(f"robust_frechet_mean: segment_ids must be an integer [K]={[K]} tensor, got "
-                             f"{segment_ids.dtype} {list(segment_ids.shape)}")
-        seg = segment_ids.to(device=device, dtype=torch.long)
-        if num_segments is None:
-            S = int(seg.max().item()) + 1 if K > 0 else 0
-        else:
-            S = int(num_segments)
-        if K > 0 and (int(seg.min().item()) < 0 or int(seg.max().item()) >= S):
-            raise ShapeError(f"robust_frechet_mean: segment_ids must lie in [0, {S - 1}]")
+    w = _checked_weights(weights, K, dtype, device)
+    seg, S = _checked_segments(segment_ids, num_segments, K, device)
     if init is not None and init.shape != (S, D):
         raise ShapeError(f"robust_frechet_mean: init must be [S, D]={[S, D]}, got {list(init.shape)}")
 
@@ -377,6 +345,40 @@ def robust_frechet_mean(
 
     info = FrechetMeanInfo(iters=iters, converged=converged, max_step=step, valid=valid, nonempty=nonempty)
     return mu.to(out_dtype), info
+
+
+def _checked_weights(weights: Optional[Tensor], K: int, dtype: torch.dtype, device) -> Tensor:
+    """[K] sample weights in ``dtype`` (ones when None), checked: the shape, finite, >= 0."""
+    if weights is None:
+        return torch.ones(K, dtype=dtype, device=device)
+    if weights.shape != (K,):
+        raise ShapeError(f"robust_frechet_mean: weights must be [K]={[K]}, got {list(weights.shape)}")
+    w = weights.to(dtype)
+    if not torch.isfinite(w).all():
+        raise NonFiniteError("robust_frechet_mean: weights contain NaN/Inf")
+    if (w < 0).any():
+        raise ConfigError("robust_frechet_mean: weights must be >= 0")
+    return w
+
+
+def _checked_segments(segment_ids: Optional[Tensor], num_segments: Optional[int], K: int, device) -> Tuple[Tensor, int]:
+    """``(seg [K] long, S)``: every sample's segment (all 0 when None) and the number of segments, checked."""
+    if segment_ids is None:
+        S = 1 if num_segments is None else int(num_segments)
+        if S < 1:
+            raise ShapeError(f"robust_frechet_mean: num_segments must be >= 1, got {S}")
+        return torch.zeros(K, dtype=torch.long, device=device), S
+    if segment_ids.shape != (K,) or segment_ids.is_floating_point():
+        raise ShapeError(f"robust_frechet_mean: segment_ids must be an integer [K]={[K]} tensor, got "
+                         f"{segment_ids.dtype} {list(segment_ids.shape)}")
+    seg = segment_ids.to(device=device, dtype=torch.long)
+    if num_segments is None:
+        S = int(seg.max().item()) + 1 if K > 0 else 0
+    else:
+        S = int(num_segments)
+    if K > 0 and (int(seg.min().item()) < 0 or int(seg.max().item()) >= S):
+        raise ShapeError(f"robust_frechet_mean: segment_ids must lie in [0, {S - 1}]")
+    return seg, S
 
 
 def _initial_mean(xn: Tensor, w: Tensor, seg: Tensor, S: int, nonempty: Tensor) -> Tensor:

@@ -39,12 +39,13 @@ import functools
 
 import math
 from dataclasses import dataclass, replace
-from typing import Dict, Optional, Tuple, Union
+from typing import Annotated, Dict, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError, NonFiniteError, ShapeError
+from ..ranges import Range, check_fields
 
 __all__ = ["VCDConfig", "reliability_weights", "pixel_weights", "teacher_footprint", "footprint_purity", "render_depth_stats"]
 
@@ -53,53 +54,44 @@ Tensor = torch.Tensor
 
 @dataclass
 class VCDConfig:
-    """Settings of the VCD reliability weights (each term has an on/off switch)."""
+    """Settings of the VCD reliability weights: each term has an on/off switch (docs/method.md, section 2)."""
 
     use_opacity: bool = True
-    """Multiply by the opacity term W_op."""
+    """Opacity term W_op (thin coverage weighs less)."""
     use_edge: bool = True
-    """Multiply by the edge term W_edge."""
+    """Edge term W_edge (discontinuities weigh less)."""
     use_variance: bool = True
-    """Multiply by the mixed-depth (ray variance) term W_var."""
-    eps: float = 1e-6
-    """Guard in ``A + eps``, ``Dbar^2 + eps`` and the depth-edge normaliser."""
-    opacity_ref: float = 0.9
-    """a0: accumulated opacity at and above which W_op = 1."""
-    opacity_power: float = 2.0
-    """p: W_op = clamp(A / a0, 0, 1) ** p (p > 0; larger = harsher on thin coverage)."""
-    variance_scale: float = 0.05
-    """s_var on the relative variance Var / Dbar^2. Surfaces at depths z and 3z mixed 50/50
-    give 0.25 (W_var = 0.007), at z and 2z 50/50 0.11 (W_var = 0.11); a 0.5% / 1% leak of
-    the weight onto a surface at 3z gives 0.02 / 0.04 (W_var = 0.68 / 0.46); a surface
-    whose Gaussians spread 1% in depth gives 1e-4 (W_var = 0.998)."""
+    """Mixed-depth term W_var (mixed rays weigh less)."""
+    eps: Annotated[float, Range(gt=0)] = 1e-6
+    """Guard in A + eps, Dbar^2 + eps and the depth edges."""
+    opacity_ref: Annotated[float, Range(gt=0)] = 0.9
+    """a0: accumulated opacity at which W_op reaches 1."""
+    opacity_power: Annotated[float, Range(gt=0)] = 2.0
+    """p in W_op = clamp(A / a0, 0, 1) ** p, > 0."""
+    variance_scale: Annotated[float, Range(gt=0)] = 0.05
+    """s_var in W_var = exp(-Var / Dbar^2 / s_var), > 0."""
     edge_depth: bool = True
-    """Use depth discontinuities (g_depth) inside W_edge."""
-    edge_depth_scale: float = 0.1
-    """s_depth: a 1% relative depth step between neighbours gives W ~ 0.9."""
+    """Depth discontinuities in W_edge."""
+    edge_depth_scale: Annotated[float, Range(gt=0)] = 0.1
+    """s_depth, > 0 (a 1 % depth step gives W ~ 0.9)."""
     edge_features: bool = True
-    """Use feature discontinuities (g_feat) inside W_edge when a feature map is given."""
-    edge_feature_scale: float = 0.1
-    """s_feat on 1 - cosine between neighbouring feature vectors."""
-    edge_radius: int = 1
-    """Dilate the edge strengths by a (2 r + 1) x (2 r + 1) max filter (0 = off)."""
-    min_weight: float = 0.0
-    """Floor applied to the product before per-view normalisation (on valid pixels)."""
-    footprint: float = 0.0
-    """Teacher footprint in pixels (a patch-token teacher's patch size at the render's resolution;
-    0 = off): multiply by the footprint purity term W_fp (module docstring)."""
-    footprint_tol: float = 0.05
-    """W_fp: relative depth difference |Dbar(v) - Dbar(u)| / Dbar(u) within which v shows u's surface."""
-    footprint_power: float = 1.0
-    """W_fp = purity ** footprint_power (0: no footprint term)."""
+    """Feature discontinuities in W_edge (with a feature map)."""
+    edge_feature_scale: Annotated[float, Range(gt=0)] = 0.1
+    """s_feat, > 0, on 1 - cosine between neighbours."""
+    edge_radius: Annotated[int, Range(ge=0)] = 1
+    """Dilate edges by a (2 r + 1)^2 max filter (0: off)."""
+    min_weight: Annotated[float, Range(ge=0, le=1)] = 0.0
+    """Floor before the per-view normalisation, in [0, 1]."""
+    footprint: Annotated[float, Range(ge=0)] = 0.0
+    """Teacher footprint in pixels for W_fp (0: off)."""
+    footprint_tol: Annotated[float, Range(gt=0)] = 0.05
+    """W_fp: relative depth difference of one surface."""
+    footprint_power: Annotated[float, Range(ge=0)] = 1.0
+    """W_fp = purity ** footprint_power (0: off)."""
     mixing_coarse_only: bool = False
-    """Apply W_op and W_var only against a teacher coarser than the render (``footprint`` > 1 px). They model a
-    teacher that blends what its footprint sees (a patch token over a silhouette or a depth step); a teacher at the
-    render's resolution (a mask teacher) gives each pixel one region's feature, and its failures (merged, split,
-    misrecognised masks) are W_seg's. The objective's default (training started from the lift): on 30 development
-    pairs of the mask teachers the two terms cost 0.2-1.5 mIoU and 1.0-2.7 3D mIoU there (docs/method.md section 7)."""
-    segment_power: float = 0.0
-    """gamma of the mask-specificity term W_seg = (frac / smallest frac) ** -gamma (0: off), frac the share of the view
-    covered by the pixel's teacher region (module docstring); used where a region map is given."""
+    """W_op and W_var only against coarser teachers."""
+    segment_power: Annotated[float, Range(ge=0)] = 0.0
+    """gamma of the mask-specificity term W_seg (0: off)."""
 
     @property
     def reads_regions(self) -> bool:
@@ -108,37 +100,18 @@ class VCDConfig:
 
     @classmethod
     def rh3dgs(cls, **overrides) -> "VCDConfig":
-        """The settings the lift and the objective use by default (chosen on development draws of the
-        synthetic suite, docs/method.md section 7): opacity, relative depth variance and mask specificity
-        (gamma 0.25: +8.1 mIoU over the lift without it on the development draws of the mask teachers,
-        constant for dense teachers); no edge terms (feature edges down-weight exactly the views where a
-        small object is visible; depth edges at one pixel cost ~0.4 mIoU on mask teachers) and no footprint
-        purity (+1.2 mIoU on the moderate CLIP teacher but -3.3 on the strong one, whose 12 px patches leave
-        thin and small objects impure in every view; ``footprint_power=2`` turns it on)."""
+        """The settings the lift and the objective use: opacity, relative depth variance and mask specificity
+        (gamma 0.25); no edge terms, no footprint purity (why: docs/method.md, section 2, "The default terms").
+
+        >>> VCDConfig.rh3dgs().segment_power, VCDConfig.rh3dgs(footprint_power=2.0).footprint_power
+        (0.25, 2.0)
+        """
         base = dict(edge_depth=False, edge_features=False, footprint_power=0.0, segment_power=0.25)
         base.update(overrides)
         return cls(**base)
 
     def __post_init__(self) -> None:
-        positive = {
-            "eps": self.eps,
-            "opacity_ref": self.opacity_ref,
-            "opacity_power": self.opacity_power,
-            "variance_scale": self.variance_scale,
-            "edge_depth_scale": self.edge_depth_scale,
-            "edge_feature_scale": self.edge_feature_scale,
-        }
-        for name, value in positive.items():
-            if not float(value) > 0.0:
-                raise ConfigError(f"VCDConfig.{name} must be > 0, got {value!r}")
-        if not self.segment_power >= 0:
-            raise ConfigError(f"VCDConfig.segment_power must be >= 0 (0: no mask-specificity term), got {self.segment_power!r}")
-        if not (self.footprint >= 0 and self.footprint_tol > 0 and self.footprint_power >= 0):
-            raise ConfigError("VCDConfig: footprint >= 0, footprint_tol > 0 and footprint_power >= 0 (0: no footprint term) are required")
-        if self.edge_radius < 0:
-            raise ConfigError(f"VCDConfig.edge_radius must be >= 0, got {self.edge_radius}")
-        if not 0.0 <= self.min_weight <= 1.0:
-            raise ConfigError(f"VCDConfig.min_weight must be in [0, 1], got {self.min_weight}")
+        check_fields(self)  # every numeric field against its declared Range (rh3dgs.ranges)
 
 
 def render_depth_stats(alpha: Tensor, depth_m1: Tensor, depth_m2: Tensor, eps: float = 1e-6) -> Tuple[Tensor, Tensor]:
@@ -222,6 +195,83 @@ def _feature_edges(features: Tensor) -> Tensor:
     return _neighbour_max(h, v).clamp(0.0, 2.0)
 
 
+def _as_views(alpha: Tensor, depth_m1: Tensor, depth_m2: Tensor, features: Optional[Tensor],
+              valid_mask: Optional[Tensor], region_fraction: Optional[Tensor]) -> Tuple[Optional[Tensor], ...]:
+    """The maps of :func:`reliability_weights` as a batch of views (one ``[H, W]`` view gets a batch axis),
+    each checked against ``alpha``'s ``[B, H, W]`` (:class:`ShapeError` naming the map otherwise)."""
+    if alpha.dim() == 2:
+        alpha, depth_m1, depth_m2 = alpha[None], depth_m1[None], depth_m2[None]
+        features, valid_mask, region_fraction = (None if t is None else t[None]
+                                                 for t in (features, valid_mask, region_fraction))
+    if alpha.dim() != 3:
+        raise ShapeError(f"reliability_weights: alpha must be [B, H, W] or [H, W], got {list(alpha.shape)}")
+    for name, t in (("depth_m1", depth_m1), ("depth_m2", depth_m2), ("region_fraction", region_fraction),
+                    ("valid_mask", valid_mask)):
+        if t is not None and t.shape != alpha.shape:
+            raise ShapeError(f"reliability_weights: {name} must match alpha {list(alpha.shape)}, got {list(t.shape)}")
+    if features is not None and (features.dim() != 4 or features.shape[:3] != alpha.shape):
+        raise ShapeError(f"reliability_weights: features must be [B, H, W, D] with [B, H, W]={list(alpha.shape)}, "
+                         f"got {list(features.shape)}")
+    return alpha, depth_m1, depth_m2, features, valid_mask, region_fraction
+
+
+def _finite_statistics(alpha: Tensor, depth_m1: Tensor, depth_m2: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """A, D1, D2 detached in float32 (float64 kept); :class:`NonFiniteError` naming the map with a NaN / Inf."""
+    dtype = torch.float64 if alpha.dtype == torch.float64 else torch.float32
+    A, D1, D2 = (t.detach().to(dtype) for t in (alpha, depth_m1, depth_m2))
+    # one float64 sum each (finite float32 values cannot overflow it): non-finite only with a NaN/Inf
+    if not math.isfinite(sum(float(t.sum(dtype=torch.float64)) for t in (A, D1, D2))):
+        for name, t in (("alpha", A), ("depth_m1", D1), ("depth_m2", D2)):
+            if not torch.isfinite(t).all():
+                raise NonFiniteError(f"reliability_weights: {name} contains NaN/Inf")
+    return A, D1, D2
+
+
+def _edge_strengths(dbar: Tensor, features: Optional[Tensor], cfg: VCDConfig, every: bool) -> Tuple[Tensor, Tensor]:
+    """Dilated g_depth and g_feat [B, H, W]: zeros where W_edge does not use them (unless ``every``)."""
+    want_depth = every or (cfg.use_edge and cfg.edge_depth)
+    want_feat = every or (cfg.use_edge and cfg.edge_features)
+    g_depth = _dilate(_depth_edges(dbar, cfg.eps), cfg.edge_radius) if want_depth else torch.zeros_like(dbar)
+    if features is None or not want_feat:
+        return g_depth, torch.zeros_like(dbar)
+    feats = features.detach().to(dbar.dtype)
+    if not torch.isfinite(feats).all():
+        raise NonFiniteError("reliability_weights: features contain NaN/Inf")
+    return g_depth, _dilate(_feature_edges(feats), cfg.edge_radius)
+
+
+def _edge_term(g_depth: Tensor, g_feat: Tensor, has_features: bool, cfg: VCDConfig) -> Optional[Tensor]:
+    """W_edge = exp(-g_depth / s_depth - g_feat / s_feat) over the edge kinds switched on; None when off."""
+    if not cfg.use_edge:
+        return None
+    expo = torch.zeros_like(g_depth)
+    if cfg.edge_depth:
+        expo = expo + g_depth / cfg.edge_depth_scale
+    if cfg.edge_features and has_features:
+        expo = expo + g_feat / cfg.edge_feature_scale
+    return torch.exp(-expo)
+
+
+def _segment_term(region_fraction: Tensor, valid: Tensor, dtype: torch.dtype, gamma: float) -> Tensor:
+    """W_seg = (frac / the smallest frac of the view's valid pixels) ** -gamma; 0 where a pixel has no region."""
+    frac = region_fraction.detach().to(valid.device, dtype).clamp(0.0, 1.0)
+    has = frac > 0  # 0: no teacher region (no feature), weight 0
+    smallest = torch.where(valid & has, frac, torch.ones_like(frac)).flatten(1).amin(1)[:, None, None]
+    return torch.where(has, (frac / smallest).clamp_min(1.0) ** -gamma, torch.zeros_like(frac))
+
+
+def _normalised_per_view(raw: Tensor, valid: Tensor) -> Tensor:
+    """``raw`` divided by its mean over each view's valid pixels (uniform weights where that mean is 0)."""
+    vf = valid.to(raw.dtype)
+    count = vf.flatten(1).sum(1)
+    total = raw.flatten(1).sum(1)
+    mean = total / count.clamp_min(1.0)
+    degenerate = mean <= torch.finfo(raw.dtype).tiny
+    base = torch.where(degenerate[:, None, None], vf, raw)
+    mean = torch.where(degenerate, count / count.clamp_min(1.0), mean)
+    return base / mean.clamp_min(torch.finfo(raw.dtype).tiny)[:, None, None]
+
+
 def reliability_weights(
     alpha: Tensor,
     depth_m1: Tensor,
@@ -233,6 +283,9 @@ def reliability_weights(
     region_fraction: Optional[Tensor] = None,
 ) -> Union[Tensor, Tuple[Tensor, Dict[str, Tensor]]]:
     """VCD reliability weights ``w_bar`` (no gradient), normalised to mean 1 per view.
+
+    ``w_bar = max(W_op W_var W_edge W_fp W_seg, min_weight) / mean_valid(...)`` per view (module docstring);
+    a term switched off in ``cfg`` is left out of the product.
 
     Args:
         alpha: [B, H, W] (or [H, W]) accumulated opacity A.
@@ -249,102 +302,46 @@ def reliability_weights(
         ``w_bar`` [B, H, W] (the input's shape), detached; on every view with a valid pixel
         the mean over valid pixels is 1 (a view whose product is 0 everywhere falls back to
         uniform weights). With ``return_terms``: ``(w_bar, terms)`` where terms has
-        ``op``, ``var``, ``edge`` (the W factors, ones when switched off), ``raw`` (the
-        floored product before normalisation), ``depth`` (Dbar), ``variance`` (Var),
-        ``relvar``, ``edge_depth`` (g_depth) and ``edge_feat`` (g_feat).
+        ``op``, ``var``, ``edge``, ``footprint``, ``segment`` (the W factors, ones when switched off),
+        ``raw`` (the floored product before normalisation), ``weight`` (``w_bar``), ``depth`` (Dbar),
+        ``variance`` (Var), ``relvar``, ``edge_depth`` (g_depth) and ``edge_feat`` (g_feat).
+
+    >>> A = torch.tensor([[[1.0, 0.3]]]); D1 = 2.0 * A; D2 = 4.0 * A  # two pixels at depth 2
+    >>> reliability_weights(A, D1, D2, cfg=VCDConfig(use_edge=False))  # the thin pixel weighs less
+    tensor([[[1.8000, 0.2000]]])
     """
     cfg = cfg or VCDConfig()
     squeeze = alpha.dim() == 2
-    if squeeze:
-        alpha, depth_m1, depth_m2 = alpha[None], depth_m1[None], depth_m2[None]
-        features = None if features is None else features[None]
-        valid_mask = None if valid_mask is None else valid_mask[None]
-        region_fraction = None if region_fraction is None else region_fraction[None]
-    if alpha.dim() != 3:
-        raise ShapeError(f"reliability_weights: alpha must be [B, H, W] or [H, W], got {list(alpha.shape)}")
-    for name, t in (("depth_m1", depth_m1), ("depth_m2", depth_m2)):
-        if t.shape != alpha.shape:
-            raise ShapeError(f"reliability_weights: {name} must match alpha {list(alpha.shape)}, got {list(t.shape)}")
-    if features is not None and (features.dim() != 4 or features.shape[:3] != alpha.shape):
-        raise ShapeError(f"reliability_weights: features must be [B, H, W, D] with [B, H, W]={list(alpha.shape)}, "
-                         f"got {list(features.shape)}")
-    if region_fraction is not None and region_fraction.shape != alpha.shape:
-        raise ShapeError(f"reliability_weights: region_fraction must match alpha {list(alpha.shape)}, "
-                         f"got {list(region_fraction.shape)}")
-    if valid_mask is not None and valid_mask.shape != alpha.shape:
-        raise ShapeError(f"reliability_weights: valid_mask must match alpha {list(alpha.shape)}, got {list(valid_mask.shape)}")
-
+    alpha, depth_m1, depth_m2, features, valid_mask, region_fraction = _as_views(
+        alpha, depth_m1, depth_m2, features, valid_mask, region_fraction)
     with torch.no_grad():
-        dtype = torch.float64 if alpha.dtype == torch.float64 else torch.float32
-        A, D1, D2 = (t.detach().to(dtype) for t in (alpha, depth_m1, depth_m2))
-        # one float64 sum each (finite float32 values cannot overflow it): non-finite only with a NaN/Inf
-        if not math.isfinite(sum(float(t.sum(dtype=torch.float64)) for t in (A, D1, D2))):
-            for name, t in (("alpha", A), ("depth_m1", D1), ("depth_m2", D2)):
-                if not torch.isfinite(t).all():
-                    raise NonFiniteError(f"reliability_weights: {name} contains NaN/Inf")
+        A, D1, D2 = _finite_statistics(alpha, depth_m1, depth_m2)
         valid = torch.ones_like(A, dtype=torch.bool) if valid_mask is None else valid_mask.to(A.device, torch.bool)
-
         dbar, var = render_depth_stats(A, D1, D2, cfg.eps)
         relvar = var / (dbar * dbar + cfg.eps)
-        ones = torch.ones_like(A)
 
         mixing = not cfg.mixing_coarse_only or cfg.footprint > 1.0  # the teacher blends a footprint of pixels
-        w_op = (A / cfg.opacity_ref).clamp(0.0, 1.0) ** cfg.opacity_power if cfg.use_opacity and mixing else ones
-        w_var = torch.exp(-relvar / cfg.variance_scale) if cfg.use_variance and mixing else ones
-
-        # edge strengths only where they are used (or asked for): the objective's default has no edge term
-        want_depth = return_terms or (cfg.use_edge and cfg.edge_depth)
-        want_feat = return_terms or (cfg.use_edge and cfg.edge_features)
-        g_depth = _dilate(_depth_edges(dbar, cfg.eps), cfg.edge_radius) if want_depth else torch.zeros_like(A)
-        if features is not None and want_feat:
-            feats = features.detach().to(dtype)
-            if not torch.isfinite(feats).all():
-                raise NonFiniteError("reliability_weights: features contain NaN/Inf")
-            g_feat = _dilate(_feature_edges(feats), cfg.edge_radius)
-        else:
-            g_feat = torch.zeros_like(A)
-        if cfg.use_edge:
-            expo = torch.zeros_like(A)
-            if cfg.edge_depth:
-                expo = expo + g_depth / cfg.edge_depth_scale
-            if cfg.edge_features and features is not None:
-                expo = expo + g_feat / cfg.edge_feature_scale
-            w_edge = torch.exp(-expo)
-        else:
-            w_edge = ones
-
+        w_op = (A / cfg.opacity_ref).clamp(0.0, 1.0) ** cfg.opacity_power if cfg.use_opacity and mixing else None
+        w_var = torch.exp(-relvar / cfg.variance_scale) if cfg.use_variance and mixing else None
+        g_depth, g_feat = _edge_strengths(dbar, features, cfg, every=return_terms)
+        w_edge = _edge_term(g_depth, g_feat, features is not None, cfg)
         w_fp = (footprint_purity(dbar, valid & (A >= 0.5), cfg.footprint, cfg.footprint_tol) ** cfg.footprint_power
-                if cfg.footprint > 1.0 and cfg.footprint_power > 0 else ones)
-        w_seg = ones
-        if region_fraction is not None and cfg.reads_regions:
-            frac = region_fraction.detach().to(A.device, dtype).clamp(0.0, 1.0)
-            has = frac > 0  # 0: no teacher region (no feature), weight 0
-            smallest = torch.where(valid & has, frac, torch.ones_like(frac)).flatten(1).amin(1)[:, None, None]
-            w_seg = torch.where(has, (frac / smallest).clamp_min(1.0) ** -cfg.segment_power, torch.zeros_like(frac))
-        used = [t for t in (w_op, w_var, w_edge, w_fp, w_seg) if t is not ones]  # x * 1 = x exactly: skip them
-        raw = (functools.reduce(torch.mul, used) if used else ones).clamp_min(cfg.min_weight)
-        raw = torch.where(valid, raw, torch.zeros_like(raw))
-        vf = valid.to(dtype)
-        count = vf.flatten(1).sum(1)
-        total = raw.flatten(1).sum(1)
-        mean = total / count.clamp_min(1.0)
-        degenerate = mean <= torch.finfo(dtype).tiny
-        base = torch.where(degenerate[:, None, None], vf, raw)
-        mean = torch.where(degenerate, count / count.clamp_min(1.0), mean)
-        w_bar = base / mean.clamp_min(torch.finfo(dtype).tiny)[:, None, None]
+                if cfg.footprint > 1.0 and cfg.footprint_power > 0 else None)
+        w_seg = (_segment_term(region_fraction, valid, A.dtype, cfg.segment_power)
+                 if region_fraction is not None and cfg.reads_regions else None)
 
-        if squeeze:
-            w_bar = w_bar[0]
+        used = [t for t in (w_op, w_var, w_edge, w_fp, w_seg) if t is not None]  # x * 1 = x exactly: no factor 1
+        raw = (functools.reduce(torch.mul, used) if used else torch.ones_like(A)).clamp_min(cfg.min_weight)
+        raw = torch.where(valid, raw, torch.zeros_like(raw))
+        w_bar = _normalised_per_view(raw, valid)
         if not return_terms:
-            return w_bar
-        terms = {
-            "op": w_op, "var": w_var, "edge": w_edge, "footprint": w_fp, "segment": w_seg, "raw": raw, "depth": dbar, "variance": var,
-            "relvar": relvar, "edge_depth": g_depth, "edge_feat": g_feat,
-        }
-        if squeeze:
-            terms = {k: t[0] for k, t in terms.items()}
-        terms["weight"] = w_bar
-        return w_bar, terms
+            return w_bar[0] if squeeze else w_bar
+        ones = torch.ones_like(A)
+        terms = {"op": w_op, "var": w_var, "edge": w_edge, "footprint": w_fp, "segment": w_seg, "raw": raw,
+                 "depth": dbar, "variance": var, "relvar": relvar, "edge_depth": g_depth, "edge_feat": g_feat,
+                 "weight": w_bar}
+        terms = {k: (ones if t is None else t)[0] if squeeze else (ones if t is None else t) for k, t in terms.items()}
+        return terms["weight"], terms
 
 
 def teacher_footprint(map_size: Tuple[int, int], render_size: Tuple[int, int]) -> float:

@@ -15,60 +15,51 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple, Union
+from typing import Annotated, Dict, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError, NonFiniteError, ShapeError
+from ..ranges import Range, check_fields
 from .sphere import geodesic_distance, huber, robust_frechet_mean
 
-__all__ = ["VFMConfig", "delta_at", "pixel_loss", "mean_loss", "vfm_loss"]
+__all__ = ["VFMConfig", "delta_at", "pixel_loss", "mean_loss", "kept_segments", "vfm_loss"]
 
 Tensor = torch.Tensor
 
 
 @dataclass
 class VFMConfig:
-    """Settings of the VFM loss."""
+    """Settings of the VFM loss (docs/method.md, section 3)."""
 
-    delta_start: float = 1.0
-    """Huber threshold (rad) at step 0; 1 rad ~ 57 deg keeps almost every pixel in the
-    quadratic zone while the decoder is still far from the teacher."""
-    delta_end: float = 0.25
-    """Huber threshold (rad) after annealing (~14 deg; beyond it a pixel's pull is capped)."""
-    anneal_steps: int = 10000
-    """Steps over which delta goes from delta_start to delta_end."""
+    delta_start: Annotated[float, Range(gt=0, finite=False)] = 1.0
+    """Huber threshold in radians at step 0 (1 rad ~ 57 degrees: nearly every pixel in the quadratic zone)."""
+    delta_end: Annotated[float, Range(gt=0, finite=False)] = 0.25
+    """Huber threshold in radians after annealing (~14 degrees; beyond it a pixel's pull is capped)."""
+    anneal_steps: Annotated[int, Range(ge=0)] = 10000
+    """Steps over which the threshold goes from delta_start to delta_end."""
     schedule: str = "cosine"
-    """'cosine' | 'linear' | 'constant' (constant = delta_start throughout)."""
-    lambda_mean: float = 0.1
-    """Weight of the mean term L_mean."""
+    """cosine, linear or constant (constant: delta_start throughout)."""
+    lambda_mean: Annotated[float, Range(ge=0)] = 0.1
+    """Weight of the mean term L_mean, >= 0 (0: skipped)."""
     mean_loss: str = "squared"
-    """'squared': d(mu_s, mu_t)^2; 'huber': rho_delta(d(mu_s, mu_t))."""
-    mean_iters: int = 20
-    """IRLS iterations for the robust Frechet means."""
-    mean_tol: float = 1e-6
-    """Step tolerance (rad) for the robust Frechet means."""
+    """squared: d(mu_s, mu_t)^2; huber: rho_delta(d(mu_s, mu_t))."""
+    mean_iters: Annotated[int, Range(ge=1)] = 20
+    """IRLS iterations of the robust Frechet means."""
+    mean_tol: Annotated[float, Range(ge=0)] = 1e-6
+    """Step tolerance (radians) of the robust Frechet means."""
     region_wise: bool = False
-    """Use (view, region) segments when a region map is given; otherwise whole views."""
-    min_region_pixels: int = 16
+    """Use (view, region) segments when a region map is given (off: whole views)."""
+    min_region_pixels: Annotated[int, Range(ge=0)] = 16
     """Segments with fewer pixels (or zero total weight) are left out of L_mean."""
 
     def __post_init__(self) -> None:
-        for name in ("delta_start", "delta_end"):
-            v = getattr(self, name)
-            if not float(v) > 0.0:
-                raise ConfigError(f"VFMConfig.{name} must be > 0 (math.inf allowed), got {v!r}")
-        if self.anneal_steps < 0:
-            raise ConfigError(f"VFMConfig.anneal_steps must be >= 0, got {self.anneal_steps}")
+        check_fields(self)  # every numeric field against its declared Range (rh3dgs.ranges)
         if self.schedule not in ("cosine", "linear", "constant"):
             raise ConfigError(f"VFMConfig.schedule must be 'cosine', 'linear' or 'constant', got {self.schedule!r}")
         if self.mean_loss not in ("squared", "huber"):
             raise ConfigError(f"VFMConfig.mean_loss must be 'squared' or 'huber', got {self.mean_loss!r}")
-        if self.lambda_mean < 0:
-            raise ConfigError(f"VFMConfig.lambda_mean must be >= 0, got {self.lambda_mean}")
-        if self.mean_iters < 1:
-            raise ConfigError(f"VFMConfig.mean_iters must be >= 1, got {self.mean_iters}")
         if self.min_region_pixels < 1:
             raise ConfigError(f"VFMConfig.min_region_pixels must be >= 1, got {self.min_region_pixels}")
 
@@ -119,7 +110,8 @@ def _flatten(rendered: Tensor, teacher: Tensor, weights: Optional[Tensor], fn: s
     return rendered.reshape(-1, D), teacher.reshape(-1, D), w, view
 
 
-def pixel_loss(rendered: Tensor, teacher: Tensor, weights: Optional[Tensor], delta: float) -> Tensor:
+def pixel_loss(rendered: Tensor, teacher: Tensor, weights: Optional[Tensor], delta: float,
+               total: Optional[Tensor] = None) -> Tensor:
     """Weighted Riemannian Huber loss ``sum w rho_delta(d(z_hat, z)) / sum w``.
 
     Args:
@@ -127,6 +119,8 @@ def pixel_loss(rendered: Tensor, teacher: Tensor, weights: Optional[Tensor], del
         teacher: same shape, teacher features (normalised here, no gradient).
         weights: [B, H, W] or [P] non-negative weights (e.g. VCD ``w_bar``; detached) or None.
         delta: Huber threshold in rad (``math.inf`` = squared geodesic loss / 2).
+        total: the denominator ``sum w`` of a batch these pixels are part of (its other views on other
+            processes), instead of theirs: the losses of the parts then add up to the batch's.
     Returns:
         scalar; 0 (keeping the graph) when the weights sum to 0.
     """
@@ -134,7 +128,7 @@ def pixel_loss(rendered: Tensor, teacher: Tensor, weights: Optional[Tensor], del
     zs = F.normalize(zs, dim=-1)
     zt = F.normalize(zt.detach(), dim=-1)
     rho = huber(geodesic_distance(zs, zt), delta)
-    wsum = w.sum()
+    wsum = w.sum() if total is None else total.to(w)
     if float(wsum) <= 0.0:
         return (rho * w).sum()
     return (rho * w).sum() / wsum
@@ -164,6 +158,7 @@ def mean_loss(
     regions: Optional[Tensor] = None,
     cfg: Optional[VFMConfig] = None,
     return_parts: bool = False,
+    total: Optional[Tensor] = None,
 ) -> Union[Tensor, Tuple[Tensor, Dict[str, Tensor]]]:
     """Distance between the robust Frechet means of rendered and teacher features.
 
@@ -176,6 +171,8 @@ def mean_loss(
             ``cfg.region_wise`` is True, each (view, region) pair is then a segment.
         cfg: :class:`VFMConfig`.
         return_parts: also return a dict of intermediate values.
+        total: the number of kept segments of a batch these views are part of (:func:`kept_segments` summed over
+            its views on every process), instead of theirs: the parts' losses then add up to the batch's.
     Returns:
         loss: the mean over kept segments of d(mu_s, mu_t)^2 (or the Huber of it), 0
         keeping the graph when no segment is kept. With ``return_parts``: ``(loss, parts)``,
@@ -188,16 +185,13 @@ def mean_loss(
     seg, S, seg_view = _segments(view, regions if cfg.region_wise else None, P)
     use = seg >= 0
     zs_u, zt_u, w_u, seg_u = zs[use], zt[use].detach(), w[use], seg[use]
-    with torch.no_grad():
-        count = torch.zeros(S, device=zs.device).index_add_(0, seg_u, torch.ones_like(w_u, dtype=torch.float32))
-        wsum = torch.zeros(S, device=zs.device, dtype=w_u.dtype).index_add_(0, seg_u, w_u)
-        kept = (count >= cfg.min_region_pixels) & (wsum > 0)
+    kept = _kept(seg_u, w_u, S, cfg)
     common = dict(segment_ids=seg_u, num_segments=S, delta=delta, max_iters=cfg.mean_iters, tol=cfg.mean_tol)
     mu_t, _ = robust_frechet_mean(zt_u, w_u, differentiable=False, **common)
     mu_s, _ = robust_frechet_mean(zs_u, w_u, differentiable=True, init=mu_t, **common)  # from the teacher's
     dist = geodesic_distance(mu_s, mu_t.detach())
     per = dist * dist if cfg.mean_loss == "squared" else huber(dist, delta)
-    n_kept = int(kept.sum().item())
+    n_kept = int(kept.sum().item()) if total is None else int(round(float(total)))
     if n_kept == 0:
         loss = (per * 0.0).sum() if S > 0 else zs.sum() * 0.0
     else:
@@ -208,6 +202,30 @@ def mean_loss(
     return loss, parts
 
 
+def _kept(seg: Tensor, w: Tensor, S: int, cfg: VFMConfig) -> Tensor:
+    """[S] bool: the segments (ids ``seg`` per pixel, weights ``w``) with enough pixels and some weight."""
+    with torch.no_grad():
+        count = torch.zeros(S, device=w.device).index_add_(0, seg, torch.ones_like(w, dtype=torch.float32))
+        wsum = torch.zeros(S, device=w.device, dtype=w.dtype).index_add_(0, seg, w)
+        return (count >= cfg.min_region_pixels) & (wsum > 0)
+
+
+def kept_segments(weights: Tensor, regions: Optional[Tensor] = None, cfg: Optional[VFMConfig] = None) -> int:
+    """How many segments of a ``[B, H, W]`` batch of pixel ``weights`` the mean term averages over: its views (or,
+    with ``cfg.region_wise``, each view's ``regions``) with at least ``min_region_pixels`` pixels and some weight.
+
+    >>> kept_segments(torch.ones(2, 8, 8)), kept_segments(torch.cat([torch.ones(1, 8, 8), torch.zeros(1, 8, 8)]))
+    (2, 1)
+    """
+    cfg = cfg or VFMConfig()
+    B = int(weights.shape[0])
+    P = int(weights.numel())
+    view = torch.arange(B, device=weights.device).repeat_interleave(P // max(B, 1))
+    seg, S, _ = _segments(view, regions if cfg.region_wise else None, P)
+    use = seg >= 0
+    return int(_kept(seg[use], weights.detach().reshape(-1)[use], S, cfg).sum())
+
+
 def vfm_loss(
     rendered: Tensor,
     teacher: Tensor,
@@ -216,6 +234,7 @@ def vfm_loss(
     cfg: Optional[VFMConfig] = None,
     regions: Optional[Tensor] = None,
     delta: Optional[float] = None,
+    totals: Optional[Tuple[Tensor, Tensor]] = None,
 ) -> Tuple[Tensor, Dict[str, Tensor]]:
     """``L_VFM = L_pix + lambda_mean * L_mean`` at a training step.
 
@@ -223,15 +242,18 @@ def vfm_loss(
         rendered, teacher: [B, H, W, D] or [P, D]; weights: [B, H, W] / [P] or None.
         step: training step (sets delta via :func:`delta_at`) unless ``delta`` is given.
         cfg: :class:`VFMConfig`; regions: optional region ids for region-wise means.
+        totals: (the pixel weights' sum, the kept segments) of a batch these views are part of, as
+            :func:`pixel_loss` / :func:`mean_loss` take them (a batch split over processes).
     Returns:
         ``(total, parts)`` with parts ``pix``, ``mean`` (detached scalars) and ``delta``.
         The mean term is skipped (0) when ``lambda_mean == 0``.
     """
     cfg = cfg or VFMConfig()
     d = delta_at(step, cfg) if delta is None else float(delta)
-    l_pix = pixel_loss(rendered, teacher, weights, d)
+    l_pix = pixel_loss(rendered, teacher, weights, d, total=None if totals is None else totals[0])
     if cfg.lambda_mean > 0:
-        l_mean = mean_loss(rendered, teacher, weights, d, regions=regions, cfg=cfg)
+        l_mean = mean_loss(rendered, teacher, weights, d, regions=regions, cfg=cfg,
+                           total=None if totals is None else totals[1])
     else:
         l_mean = torch.zeros((), dtype=l_pix.dtype, device=l_pix.device)
     total = l_pix + cfg.lambda_mean * l_mean

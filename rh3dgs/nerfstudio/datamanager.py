@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Literal, Optional, Tuple, Type, Union
+from typing import Annotated, Callable, Dict, List, Literal, Optional, Tuple, Type, Union
 
 import torch
 
@@ -32,6 +32,7 @@ from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatama
 from nerfstudio.data.datasets.base_dataset import InputDataset
 from nerfstudio.utils.rich_utils import CONSOLE
 
+from ..ranges import Range, check_fields
 from ..teachers import DatasetMaps, TeacherConfig, dataset_maps, upsample_features
 from ..teachers.maps import region_fraction
 from ..method.vcd import teacher_footprint
@@ -45,19 +46,20 @@ class Rh3dgsDataManagerConfig(FullImageDatamanagerConfig):
 
     _target: Type = field(default_factory=lambda: Rh3dgsDataManager)
     teacher: TeacherConfig = field(default_factory=lambda: TeacherConfig(name="precomputed"))
-    """The 2D teacher (``precomputed`` reads ``<data>/features/<image stem>.npy`` by default)."""
+    """The 2D teacher (precomputed reads DATA/features/<image stem>.npy by default)."""
     teacher_cache_dir: Optional[Path] = None
-    """Root of the feature cache (default ``teacher.cache_dir``, else ``<data dir>/.rh3dgs_cache``:
-    :func:`rh3dgs.teachers.default_cache_dir`, the default of ``rh3dgs extract`` too)."""
+    """Root of the feature cache (None: teacher.cache_dir, else DATA/.rh3dgs_cache, as rh3dgs extract)."""
     teacher_at_image_size: bool = True
-    """Hand ``batch["teacher"]`` at the image size, or at the size ``teacher_size`` gives for it (False: at
-    the teacher's resolution, nothing kept prepared: saves memory on large images, the model resizes)."""
-    teacher_cache_mb: float = 2048.0
-    """Memory (on the training device) for teacher maps prepared once per camera at the batch size;
-    maps beyond it are prepared again for each batch."""
+    """Teacher maps at the loss's size, prepared once per camera (off: at the teacher's, resized per batch)."""
+    teacher_cache_mb: Annotated[float, Range(ge=0)] = 2048.0
+    """Memory for the teacher maps prepared once per camera; maps beyond it are prepared per batch."""
     cache_images: Literal["cpu", "gpu"] = "gpu"
-    """'gpu' = on the training device (also right for CPU training: 'cpu' pins memory, which
-    needs a CUDA driver)."""
+    """gpu: on the training device (also right for CPU training: cpu pins memory, which needs CUDA)."""
+
+    def __post_init__(self) -> None:
+        if hasattr(super(), "__post_init__"):
+            super().__post_init__()
+        check_fields(self)  # teacher_cache_mb >= 0 (rh3dgs.ranges)
 
 
 class Rh3dgsDataManager(FullImageDatamanager[InputDataset]):
@@ -68,6 +70,9 @@ class Rh3dgsDataManager(FullImageDatamanager[InputDataset]):
     def __init__(self, config: Rh3dgsDataManagerConfig, device: Union[torch.device, str] = "cpu", *args, **kwargs):
         if str(device).startswith("cpu") and config.cache_images == "cpu":
             config.cache_images = "gpu"  # == the device; pin_memory() would need CUDA
+        cache = config.teacher_cache_dir or config.teacher.cache_dir
+        if cache and getattr(config.dataparser, "image_cache_dir", "") is None:  # as the rh3dgs commands' --cache
+            config.dataparser.image_cache_dir = Path(cache) / "images"
         super().__init__(config, device, *args, **kwargs)
         self._teacher_maps: Dict[str, DatasetMaps] = {}
         self._teacher_native: Dict[Tuple[str, int], torch.Tensor] = {}
@@ -107,7 +112,7 @@ class Rh3dgsDataManager(FullImageDatamanager[InputDataset]):
             t = self.config.teacher
             teacher = t.setup(self.data_dir)
             cache = self.config.teacher_cache_dir or t.cache_dir
-            maps = dataset_maps(teacher, images, cache, data_dir=self.data_dir, progress=False)
+            maps = dataset_maps(teacher, images, cache, data_dir=self.data_dir, progress=True)  # bars at a terminal
             where = f"from {Path(maps.files[0]).parent}" if len(maps) else ""
             CONSOLE.log(f"rh3dgs teacher '{teacher.name}' ({split}): {maps.stats.get('computed', 0)} computed, "
                         f"{maps.stats.get('reused', 0)} reused{'' if maps.cached else ', read in place'} {where}")

@@ -39,13 +39,14 @@ The CPU-safe splatfacto is :mod:`rh3dgs.nerfstudio.splatfacto_native`; this mode
 * ``freeze_geometry``: only the semantic parts train (no gradient to means / scales / quats / opacities,
   no densification): ``distill()``'s problem, on the model's Gaussians (e.g. a trained splatfacto's).
 
-``semantics=False`` in the config builds :class:`SplatfactoNativeModel` itself (splatfacto on rh3dgs's
-rasterizer: the CPU baseline of ``benchmarks/bench_nstrain.py``).
+Plain splatfacto on rh3dgs's rasterizer (the CPU baseline of ``benchmarks/bench_nstrain.py``) is its own method,
+``ns-train splatfacto-native`` / ``splatfacto-native-lite`` (:class:`SplatfactoNativeModelConfig`); this config's
+``semantics=False``, kept for the runs and scripts written with it, makes its ``_target`` that model.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Dict, List, Literal, Optional, Sequence, Tuple, Type
+from typing import Annotated, Dict, List, Literal, Optional, Sequence, Tuple, Type
 
 import torch
 import torch.nn.functional as F
@@ -57,6 +58,7 @@ from nerfstudio.utils.rich_utils import CONSOLE
 
 from ..cameras import Cameras
 from ..errors import ConfigError
+from ..ranges import Range
 from ..lifting import LiftConfig, initial_field
 from ..method.objective import ObjectiveConfig, SemanticObjective, teacher_grid
 from ..method.selection import CheckViews, apply_decisions, check_view_indices, fit_lift, lift_latents
@@ -77,42 +79,39 @@ class Rh3dgsModelConfig(SplatfactoNativeModelConfig):
 
     _target: Type = field(default_factory=lambda: Rh3dgsModel)
     semantics: bool = True
-    """False: build plain splatfacto on rh3dgs's rasterization path (:class:`SplatfactoNativeModel`): no latents,
-    decoder, teacher maps, semantic losses or metrics (the semantic settings are then unused)."""
-    latent_dim: int = 16
+    """Off: build plain splatfacto (as ns-train splatfacto-native does): no latents, teacher maps or losses."""
+    latent_dim: Annotated[int, Range(ge=1)] = 16
     """d: per-Gaussian semantic latent size."""
     objective: ObjectiveConfig = field(default_factory=lambda: ObjectiveConfig(lambda_sem=0.1, lambda_con=0.03))
-    """The semantic objective (VCD / VFM / LIC switches, lambda_sem, lambda_con, resolution...): the one of
-    ``distill()``, weighted 0.1 against splatfacto's RGB loss. The semantic parameters (latents, background
-    latent) get no other gradient and their Adam steps do not depend on the loss scale (eps 1e-15), so they
-    learn as with weight 1. With ``semantic_geometry_grad`` the Gaussians' geometry, which both losses then
-    move, is pushed 10x less by the semantic one (held-out PSNR of rh3dgs-lite 0.36 dB below the same run
-    without semantics at 0.1, 0.49-0.53 dB at weight 1; synthetic 64 px scene, 8 held-out views)."""
+    """The semantic objective of distill(), weighted 0.1 against the RGB loss (docs/method.md, section 7)."""
     semantic_geometry_grad: bool = False
-    """Let the semantic loss move the Gaussians' geometry (means, scales, quats, opacities). False (default):
-    the geometry is splatfacto's, shaped by RGB alone, and the semantic loss trains the latents on it as
-    ``distill()`` does on fixed Gaussians: the rasterizer's backward skips the latent channels' share of
-    the alpha gradient (``render(features_shape_geometry=False)``, also the cheaper backward) and the
-    objective reads A, D1, D2 detached."""
-    semantic_steps: Optional[int] = None
-    """Length of the run the objective's schedules span (VFM's delta annealing, LIC's start and refresh):
-    None = the trainer's ``max_num_iterations``."""
+    """Let the semantic loss move the Gaussians' geometry (off: RGB alone shapes it)."""
+    semantic_steps: Optional[Annotated[int, Range(ge=1)]] = None
+    """Steps the objective's schedules span (None: the trainer's max_num_iterations)."""
     init: Literal["lift", "random"] = "lift"
-    """'lift': latents and decoder from the training-free lift of the training views on the initial Gaussians
-    (as ``distill()``'s default); 'random': latents ~ N(0, init_scale^2), orthonormal random decoder."""
+    """lift: latents and decoder from the lift of the training views; random: N(0, init_scale^2) latents."""
     lift: LiftConfig = field(default_factory=LiftConfig)
-    """Settings of the lift of ``init='lift'`` (its latent_dim is overridden by ``latent_dim``), as ``DistillConfig.lift``."""
-    init_scale: float = 0.1
-    """Std of random initial latents (``init='random'``)."""
+    """Settings of the lift of init lift (its latent_dim is latent_dim's)."""
+    init_scale: Annotated[float, Range(gt=0)] = 0.1
+    """Std of the random initial latents (init random)."""
     freeze_geometry: bool = False
-    """Train only latents, decoder and background latent (and colours) on fixed geometry: no gradient to
-    means / scales / quats / opacities, no densification (``distill()``'s problem)."""
+    """Train only latents, decoder, background latent and colours, on fixed geometry (no densification)."""
     semantic_eval_metrics: bool = True
-    """Report mean teacher cosine (and its VCD-weighted version) in eval metrics."""
+    """Report the mean teacher cosine (and its VCD-weighted version) in the eval metrics."""
 
-    def setup(self, **kwargs):
-        """The model: :class:`Rh3dgsModel`, or with ``semantics=False`` :class:`SplatfactoNativeModel`."""
-        return (self._target if self.semantics else SplatfactoNativeModel)(self, **kwargs)
+    def __post_init__(self) -> None:
+        super().__post_init__()  # the numeric fields against their declared ranges (rh3dgs.ranges)
+        # the model this config builds (setup() builds _target): semantics off is plain splatfacto
+        if not self.semantics:
+            self._target = SplatfactoNativeModel
+        elif self._target is SplatfactoNativeModel:  # dataclasses.replace(semantics=True) of an "off" config
+            self._target = Rh3dgsModel
+
+    def __setstate__(self, state) -> None:
+        """A config read back from a run's config.yml (nerfstudio's ``yaml.Loader``) builds what it was written
+        with: a run written with ``semantics: false`` names ``Rh3dgsModel`` as its ``_target``."""
+        self.__dict__.update(state)
+        self.__post_init__()
 
 
 class Rh3dgsModel(SplatfactoNativeModel):
@@ -122,9 +121,7 @@ class Rh3dgsModel(SplatfactoNativeModel):
 
     # ------------------------------------------------------------------ setup
     def populate_modules(self):
-        cfg = self.config
-        if cfg.latent_dim < 1:
-            raise ConfigError(f"rh3dgs: latent_dim must be >= 1, got {cfg.latent_dim}")
+        cfg = self.config  # its numbers are in their declared ranges (rh3dgs.ranges, checked on construction)
         super().populate_modules()
         gen = torch.Generator().manual_seed(0)
         d = cfg.latent_dim
@@ -211,7 +208,7 @@ class Rh3dgsModel(SplatfactoNativeModel):
                 raise ConfigError("rh3dgs: init='lift' needs the training cameras at one image size (pinhole); "
                                   "this dataset's differ: use --pipeline.model.init random")
             g = self.gaussians_for_render(detach=True)
-            lat0, dec0, res = initial_field(g, cameras.to(dev), list(teacher_maps), d, cfg.lift)
+            lat0, dec0, res = initial_field(g, cameras.to(dev), list(teacher_maps), d, cfg.lift, progress=True)
             lat[:, : lat0.shape[1]] = lat0.to(dev)  # D < d: the lift's latents have D columns
             dec[:, : dec0.shape[1]] = dec0.to(dev)
             if self._check_inputs is not None:  # the selection's start: the lift of the views that are not check views
@@ -469,7 +466,7 @@ class Rh3dgsModel(SplatfactoNativeModel):
             # LIC's appearance positives read the colours only when its graph is rebuilt
             due = obj.lic.needs_refresh(self.step, int(live.numel()))
             colors = self.gaussians_for_render(detach=True).base_colors if due else None
-            losses["lic_loss"] = obj.contrast(self.step, lat, self.decoder, self.means, subset=subset, colors=colors)
+            losses["lic_loss"] = obj.lic_loss(self.step, lat, self.decoder, self.means, subset=subset, colors=colors)
         return losses
 
     @torch.no_grad()

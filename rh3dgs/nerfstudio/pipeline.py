@@ -1,6 +1,10 @@
-"""``Rh3dgsPipeline``: nerfstudio's VanillaPipeline + the semantic model's wiring to the data manager.
+"""``Rh3dgsPipeline``: nerfstudio's VanillaPipeline + the semantic model's wiring to the data manager and the
+viewer's guard.
 
-After the datamanager and the model are built:
+Before anything is built, the pipeline installs :mod:`rh3dgs.viewer.guard` for nerfstudio's viewer
+(:func:`rh3dgs.nerfstudio.viewer.install_viewer_guard`): ``ns-train``'s trainer and ``ns-viewer`` both build the
+pipeline before the viewer's server, so every run of an rh3dgs method, semantic or not, binds 127.0.0.1
+unless ``--viewer.websocket-host`` names another address. After the datamanager and the model are built:
 
 * a semantic model (:class:`~rh3dgs.nerfstudio.model.Rh3dgsModel`) gets its teacher maps at the size its
   objective compares them at (the teacher's own grid with ``resolution='teacher'``, else the image size:
@@ -10,7 +14,7 @@ After the datamanager and the model are built:
   Gaussians), and the objective's check views (:mod:`rh3dgs.method.selection`) are handed to the model and
   left out of the data manager's semantic batches. Loading a run (viewer, ns-eval, export) skips the
   initialisation: the checkpoint holds the trained values.
-* the plain splatfacto model (``semantics=False``) gets no teacher maps at all: the teacher never runs.
+* the plain splatfacto model (``ns-train splatfacto-native``) gets no teacher maps at all: the teacher never runs.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from ..cameras import Cameras
 from .datamanager import Rh3dgsDataManager
 from .model import Rh3dgsModel
 from .splatfacto_native import viewmat_from_c2w
+from .viewer import install_viewer_guard
 
 __all__ = ["Rh3dgsPipelineConfig", "Rh3dgsPipeline", "train_cameras_as_rh3dgs", "teacher_size_for"]
 
@@ -60,6 +65,7 @@ def teacher_size_for(dm: Rh3dgsDataManager, model: Rh3dgsModel) -> Callable[[Tup
 class Rh3dgsPipeline(VanillaPipeline):
     def __init__(self, config: Rh3dgsPipelineConfig, device: str, test_mode: Literal["test", "val", "inference"] = "val",
                  world_size: int = 1, local_rank: int = 0, grad_scaler: Optional[torch.cuda.amp.GradScaler] = None):
+        install_viewer_guard()  # before nerfstudio's viewer starts its server: the pipeline comes first
         super().__init__(config, device, test_mode=test_mode, world_size=world_size, local_rank=local_rank,
                          grad_scaler=grad_scaler)
         dm, model = self.datamanager, self.model

@@ -1,26 +1,35 @@
-"""``SplatfactoNativeModel``: nerfstudio 1.1.5's splatfacto, runnable on a CPU, on rh3dgs's rasterizer.
+"""``SplatfactoNativeModel``: nerfstudio 1.1.5's splatfacto on rh3dgs's rasterizer, on CPU and CUDA alike.
 
 nerfstudio's :class:`~nerfstudio.models.splatfacto.SplatfactoModel` cannot run without CUDA, and
 not only because of its rasterizer. This class re-does exactly the methods that stop it, with
 splatfacto's names and in splatfacto's order; everything else (the parameter properties, the
 k-NN scales, the training callbacks and densification steps, background colours, bilateral grid,
-ground truth, ``get_metrics_dict``, ``get_loss_dict``) is splatfacto's own, inherited.
+ground truth, ``get_metrics_dict``, ``get_outputs_for_camera``) is splatfacto's own, inherited.
+``ns-train splatfacto-native`` (and ``splatfacto-native-lite``, the ``rh3dgs-lite`` schedule) trains it.
 
 =============================================  ==============================================
-splatfacto method (``models/splatfacto.py``)   why it is re-done here (upstream line numbers)
+splatfacto (``models/splatfacto.py``)          what is done here, and why (upstream line numbers)
 =============================================  ==============================================
-``populate_modules`` (l. 241-332)              l. 261 ``.cuda()`` on the seed colours; l. 292-296
-                                               build LPIPS eagerly, which downloads AlexNet
-``load_state_dict`` (l. 380-393)               l. 392 replaces the Parameter objects, so the
-                                               optimizers of a ``--load-dir`` resume (built
+``populate_modules`` (l. 241-332)              re-done: l. 261 ``.cuda()`` on the seed colours;
+                                               l. 292-296 build LPIPS eagerly, which downloads
+                                               AlexNet
+``load_state_dict`` (l. 380-393)               re-done: l. 392 replaces the Parameter objects, so
+                                               the optimizers of a ``--load-dir`` resume (built
                                                before loading) would hold stale ones
-``get_outputs`` (l. 529-649)                   l. 578 ``get_viewmat`` is ``torch.compile``-d
-                                               (needs a compiler toolchain on CPU, breaks in the
-                                               viewer's render thread); l. 579 ``.cuda()``;
+``get_outputs`` (l. 529-649)                   re-done: l. 578 ``get_viewmat`` is
+                                               ``torch.compile``-d (needs a compiler toolchain on
+                                               CPU, breaks in the viewer's render thread; here
+                                               :func:`viewmat_from_c2w`); l. 579 ``.cuda()``;
                                                l. 599 gsplat's CUDA-only ``rasterization``
-``get_image_metrics_and_images`` (l. 758-805)  l. 788 / 798 call LPIPS: reported only where
-                                               its weights are available
+``get_loss_dict`` (l. 696-743)                 wrapped: called as it is (:meth:`losses`), behind
+                                               the training guards (a NaN / Inf loss or parameter)
+``get_image_metrics_and_images`` (l. 758-805)  wrapped: l. 788 / 798 call LPIPS, reported only
+                                               where its weights are available
 =============================================  ==============================================
+
+:data:`SPLATFACTO_SOURCES` holds the sha256 of each of these upstream functions in nerfstudio
+:data:`NERFSTUDIO_VERSION`; ``tests/test_nerfstudio_splatfacto_native.py`` compares them with the
+installed nerfstudio, so an upgrade names what to re-copy (as ``rh3dgs/ops/_gsplat.py`` pins gsplat).
 
 What differs on purpose (each said again where it is done):
 
@@ -35,17 +44,35 @@ What differs on purpose (each said again where it is done):
 * Training guards: a NaN / Inf loss or parameter stops training with a clear message (or skips
   the batch), before nerfstudio writes another checkpoint.
 
-Subclasses extend three hooks: :meth:`render_features` (per-Gaussian features composited in the
-same pass as RGB), :meth:`view_outputs` / :meth:`empty_outputs` (the outputs of one render) and
-:meth:`losses` (the loss terms before the guard). :class:`rh3dgs.nerfstudio.model.Rh3dgsModel`
-is this class plus semantic latents, decoder and losses.
+Extending it, in the style of nerfstudio's method template (which extends nerfacto the same way)::
+
+    @dataclass
+    class MyModelConfig(SplatfactoNativeModelConfig):
+        _target: Type = field(default_factory=lambda: MyModel)
+        # your settings, a one-line docstring each (they are ns-train's --help)
+
+    class MyModel(SplatfactoNativeModel):
+        config: MyModelConfig
+
+        def populate_modules(self):
+            super().populate_modules()
+            # your parameters; an entry of self.gauss_params is densified with the Gaussians
+
+        # override the hooks your method needs:
+        # render_features(gaussians)  per-Gaussian channels composited in the same pass as RGB
+        # features_shape_geometry     whether those channels' gradients reach the geometry
+        # view_outputs(view)          the outputs of one render (empty_outputs: of an empty crop)
+        # losses(outputs, batch)      the loss terms (the training guards wrap them)
+
+and register a ``MethodSpecification`` of a ``TrainerConfig`` with it (see :mod:`rh3dgs.nerfstudio.config`).
+:class:`rh3dgs.nerfstudio.model.Rh3dgsModel` is this class plus semantic latents, decoder and losses, built so.
 """
 from __future__ import annotations
 
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Literal, Optional, Type, Union
+from typing import Annotated, Dict, List, Literal, Optional, Type, Union
 
 import torch
 from torch import Tensor
@@ -65,11 +92,28 @@ from nerfstudio.utils.rich_utils import CONSOLE
 
 from ..cameras import Cameras
 from ..errors import ConfigError, NonFiniteError
+from ..ranges import Range, check_fields
 from ..gaussians import Gaussians
 from ..rendering import RenderResult, render
 
 __all__ = ["SplatfactoNativeModelConfig", "SplatfactoNativeModel", "ViewRender", "viewmat_from_c2w",
-           "alexnet_weights_available", "NoLPIPS"]
+           "alexnet_weights_available", "NoLPIPS", "NERFSTUDIO_VERSION", "SPLATFACTO_SOURCES"]
+
+NERFSTUDIO_VERSION = "1.1.5"
+"""The nerfstudio this module's copies of splatfacto's methods were made from."""
+
+SPLATFACTO_SOURCES = {
+    # function of nerfstudio/models/splatfacto.py: (sha256 of its source text in NERFSTUDIO_VERSION, what here
+    # depends on it). tests/test_nerfstudio_splatfacto_native.py checks them against the installed nerfstudio.
+    "get_viewmat": ("b4d374a3b8cd0e9c", "copied: viewmat_from_c2w"),
+    "SplatfactoModel.populate_modules": ("2bedc8501f900747", "copied: SplatfactoNativeModel.populate_modules"),
+    "SplatfactoModel.load_state_dict": ("950db6cea5bd9d4d", "copied: SplatfactoNativeModel.load_state_dict"),
+    "SplatfactoModel.get_outputs": ("3bf67ddef84ac0a6", "copied: render_camera and view_outputs"),
+    "SplatfactoModel.get_loss_dict": ("4aa36e9526212327", "wrapped: SplatfactoNativeModel.losses"),
+    "SplatfactoModel.get_image_metrics_and_images": ("fc9f4b938c713c2c",
+                                                     "wrapped: its lpips / cc_lpips keys dropped without LPIPS"),
+}
+"""Upstream function -> (first 16 hex digits of the sha256 of its source, where this module copies or wraps it)."""
 
 LPIPS_ALEXNET_FILE = "alexnet-owt-7be5be79.pth"
 
@@ -129,21 +173,24 @@ class SplatfactoNativeModelConfig(SplatfactoModelConfig):
 
     _target: Type = field(default_factory=lambda: SplatfactoNativeModel)
     use_absgrad: bool = False
-    """The rh3dgs rasterization path provides the plain means2d gradient (no absgrad)."""
-    densify_grad_thresh: float = 0.0002
-    """Densification threshold on the (plain, not abs) screen-space gradient (3DGS's value)."""
-    max_init_points: Optional[int] = None
-    """Randomly subsample the seed point cloud to at most this many points (None = all)."""
+    """Off: the rasterizer gives the plain means2d gradient (no absgrad)."""
+    densify_grad_thresh: Annotated[float, Range(gt=0)] = 0.0002
+    """Densification threshold on the plain screen-space gradient (3DGS's value)."""
+    max_init_points: Optional[Annotated[int, Range(ge=1)]] = None
+    """Subsample the seed point cloud to at most this many points (None: all)."""
     lpips: Literal["auto", "on", "off"] = "auto"
-    """'auto': LPIPS only if torchvision's AlexNet weights are in the torch hub cache (no download);
-    'on': always (may download); 'off': never."""
+    """auto: LPIPS if torchvision's AlexNet weights are cached (no download); on: always; off: never."""
     skip_nonfinite_batches: bool = False
-    """On a NaN / Inf loss, skip the batch (zero loss, no update) instead of stopping training;
-    training still stops after ``max_skipped_batches`` bad batches in a row."""
-    max_skipped_batches: int = 10
-    """Consecutive non-finite batches tolerated with ``skip_nonfinite_batches``."""
-    check_params_every: int = 100
-    """Every this many steps, stop training if a parameter holds NaN / Inf (0 = never)."""
+    """Skip a batch with a NaN / Inf loss instead of stopping (max_skipped_batches in a row)."""
+    max_skipped_batches: Annotated[int, Range(ge=0)] = 10
+    """Consecutive non-finite batches tolerated with skip_nonfinite_batches."""
+    check_params_every: Annotated[int, Range(ge=0)] = 100
+    """Every this many steps, stop if a parameter holds NaN / Inf (0: never)."""
+
+    def __post_init__(self) -> None:
+        if hasattr(super(), "__post_init__"):
+            super().__post_init__()
+        check_fields(self)  # every numeric field of ours against its declared Range (rh3dgs.ranges)
 
 
 class SplatfactoNativeModel(SplatfactoModel):
@@ -157,11 +204,9 @@ class SplatfactoNativeModel(SplatfactoModel):
 
         Also: ``max_init_points`` subsampling, a seeded generator for the random parts, k-NN
         distances clamped above 0 (duplicate seed points would get log(0) scales), the strategy
-        on the plain gradient (``absgrad=False``), only ``rasterize_mode='classic'``.
+        on the plain gradient (``absgrad=False``), only ``rasterize_mode='classic'``. Builds modules
+        only: the viewer's guard is the pipeline's (:class:`rh3dgs.nerfstudio.pipeline.Rh3dgsPipeline`).
         """
-        from .viewer import install_viewer_guard
-
-        install_viewer_guard()  # every rh3dgs model, semantics off too: nerfstudio's viewer binds 127.0.0.1
         cfg = self.config
         if cfg.rasterize_mode != "classic":
             raise ConfigError("rh3dgs: only rasterize_mode='classic' is supported by the rh3dgs rasterization path")
@@ -305,12 +350,15 @@ class SplatfactoNativeModel(SplatfactoModel):
                          sh0=sh0, shN=shN, latents=p.get("latents"))
 
     def render_features(self, gaussians: Gaussians) -> Optional[Tensor]:
-        """Per-Gaussian features [N, C] composited in the same pass as RGB (None: RGB only)."""
+        """Hook: per-Gaussian features [N, C] composited in the same pass as RGB (None, here: RGB only).
+
+        Their render is ``view.result.features`` in :meth:`view_outputs`."""
         return None
 
     @property
     def features_shape_geometry(self) -> bool:
-        """Whether the gradients of :meth:`render_features`' channels reach the geometry (``render``'s option)."""
+        """Hook: whether the gradients of :meth:`render_features`' channels reach the geometry (``render``'s
+        option; True here). False: only RGB shapes the Gaussians, and the backward is cheaper."""
         return True
 
     def render_camera(self, camera: NSCameras) -> Optional[ViewRender]:
@@ -351,8 +399,9 @@ class SplatfactoNativeModel(SplatfactoModel):
         return ViewRender(camera, cams, g, res, crop_ids, W, H)
 
     def view_outputs(self, view: ViewRender) -> Dict[str, Tensor]:
-        """splatfacto's outputs of one render (l. 626-649): ``rgb`` on the background, ``depth``,
-        ``accumulation``, ``background``; and the raw depth moments ``depth_m1`` / ``depth_m2`` [H, W, 1]."""
+        """Hook: the outputs of one render. Here splatfacto's (l. 626-649): ``rgb`` on the background, ``depth``,
+        ``accumulation``, ``background``; and the raw depth moments ``depth_m1`` / ``depth_m2`` [H, W, 1].
+        Overrides add to ``super().view_outputs(view)``."""
         res, H, W = view.result, view.height, view.width
         alpha = res.alpha[..., None]  # [1, H, W, 1]
         background = self._get_background_color()
@@ -368,12 +417,13 @@ class SplatfactoNativeModel(SplatfactoModel):
                 "depth_m1": res.d1.squeeze(0)[..., None], "depth_m2": res.d2.squeeze(0)[..., None]}
 
     def empty_outputs(self, width: int, height: int) -> Dict[str, Tensor]:
-        """Outputs when the crop box holds no Gaussian (splatfacto's ``get_empty_outputs``)."""
+        """Hook: the outputs when the crop box holds no Gaussian (here splatfacto's ``get_empty_outputs``)."""
         return self.get_empty_outputs(width, height, self.background_color)
 
     # ------------------------------------------------------------------ losses, guarded
     def get_loss_dict(self, outputs, batch, metrics_dict=None) -> Dict[str, Tensor]:
-        """:meth:`losses`; in training behind the guards (NaN / Inf: stop with a clear message, or skip)."""
+        """:meth:`losses` (splatfacto's ``get_loss_dict`` here); in training behind the guards: a NaN / Inf loss
+        stops training with a clear message, or skips the batch (``skip_nonfinite_batches``)."""
         if not self.training:
             return self.losses(outputs, batch, metrics_dict)
         self._check_params()
@@ -385,7 +435,8 @@ class SplatfactoNativeModel(SplatfactoModel):
         return self._guard_losses(loss_dict, bad)
 
     def losses(self, outputs, batch, metrics_dict=None) -> Dict[str, Tensor]:
-        """The loss terms: splatfacto's ``get_loss_dict`` (L1 + SSIM, scale regularisation, ...)."""
+        """Hook: the loss terms, which :meth:`get_loss_dict` guards. Here splatfacto's ``get_loss_dict`` (L1 + SSIM,
+        scale regularisation); overrides add to ``super().losses(...)``."""
         return super().get_loss_dict(outputs, batch, metrics_dict)
 
     def _check_params(self) -> None:

@@ -8,9 +8,18 @@ latest and fails on. Here:
   (temp file, fsync, rename): a ``.ckpt`` file is always complete. The older checkpoints are
   deleted (``save_only_latest_checkpoint``) only after the new one is in place.
 * :meth:`Rh3dgsTrainer._load_checkpoint` with ``--load-dir`` and no ``--load-step`` resumes from
-  the newest checkpoint that loads, skipping (and naming) unreadable ones instead of crashing;
+  the newest checkpoint that loads, skipping (and naming) unreadable ones instead of crashing
+  (truncated, or damaged: the CRC-32 of every record is checked, :func:`rh3dgs.io.nerfstudio_run.verify_checkpoint`);
   temp files of an interrupted save are ignored. With no loadable checkpoint it stops with
   a clear error. ``--load-step`` / ``--load-checkpoint`` load exactly what they name.
+
+A run that fails before its first step leaves nothing behind: nerfstudio's ``train.py`` writes ``config.yml``
+(and so the run folder) before the trainer is set up; :meth:`Rh3dgsTrainerConfig.save_config` defers that
+write to the end of :meth:`Rh3dgsTrainer.setup`, and a failure before the first step completes removes the
+folders this run created. An input problem (an :class:`rh3dgs.errors.Rh3dgsError`: a missing image, a bad
+``transforms.json`` or seed PLY, a teacher that cannot be built) ends ``ns-train`` with one line
+``ns-train: error: <file> [field]: problem`` on stderr and a non-zero exit code, no traceback
+(``RH3DGS_DEBUG=1`` shows it).
 
 Checkpoints are read with ``weights_only=True`` (rh3dgs checkpoints hold only tensors and
 plain values; see :mod:`rh3dgs.nerfstudio.config`).
@@ -24,12 +33,15 @@ ETA column extrapolates the last 20 iteration times and is first printed from it
 """
 from __future__ import annotations
 
+import os
+import shutil
 import statistics
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Deque, Optional, Type
+from typing import Deque, List, Optional, Type
 
 import torch
 from nerfstudio.engine.trainer import Trainer, TrainerConfig
@@ -37,9 +49,9 @@ from nerfstudio.utils.rich_utils import CONSOLE
 
 from ..errors import Rh3dgsError
 from ..io.atomic import atomic_write, stale_temp_files
-from ..io.nerfstudio_run import checkpoints_newest_first
+from ..io.nerfstudio_run import checkpoints_newest_first, load_checkpoint
 
-__all__ = ["Rh3dgsTrainer", "Rh3dgsTrainerConfig", "CheckpointError", "TrainingClock", "ETA_AFTER"]
+__all__ = ["Rh3dgsTrainer", "Rh3dgsTrainerConfig", "CheckpointError", "TrainingClock", "ETA_AFTER", "MULTI_DEVICE_REFUSAL"]
 
 ETA_AFTER = 5
 """Timed iterations before the first ``ETA for N iterations`` line."""
@@ -117,16 +129,56 @@ class TrainingClock:
                 f"{format_duration(remaining * per_it)} to go)")
 
 
+def _one_line_errors(previous):
+    """A ``sys.excepthook`` that prints an uncaught :class:`Rh3dgsError` as one line (others: ``previous``)."""
+
+    def hook(kind, value, tb):
+        if isinstance(value, Rh3dgsError) and os.environ.get("RH3DGS_DEBUG") != "1":
+            print(f"ns-train: error: {' '.join(str(value).split())}", file=sys.stderr)
+            return
+        previous(kind, value, tb)
+
+    hook.rh3dgs = True  # type: ignore[attr-defined]
+    return hook
+
+
 class Rh3dgsTrainer(Trainer):
-    """nerfstudio's Trainer with atomic checkpoint writes, a resume that skips broken files and an early ETA."""
+    """nerfstudio's Trainer with atomic checkpoint writes, a resume that skips broken files, an early ETA, and a run
+    folder that exists only once the run can start (module doc)."""
 
     config: "Rh3dgsTrainerConfig"
     clock: Optional[TrainingClock] = None
     """Set by :meth:`train` (a loop driving :meth:`train_iteration` itself gets no ETA lines)."""
+    _created: List[Path] = []
+    """The run folder and those of its parents that did not exist before :meth:`setup` (removed on an early failure)."""
+
+    def setup(self, test_mode="val") -> None:
+        """nerfstudio's set-up; then the deferred ``config.yml``. Any failure removes what the run created."""
+        run = Path(self.base_dir)
+        self._created = [p for p in (run, *run.parents) if not p.exists()]
+        try:
+            super().setup(test_mode)
+            TrainerConfig.save_config(self.config)
+        except BaseException as exc:
+            self._remove_run_folder()
+            if isinstance(exc, Rh3dgsError) and not getattr(sys.excepthook, "rh3dgs", False):
+                sys.excepthook = _one_line_errors(sys.excepthook)
+            raise
+
+    def _remove_run_folder(self) -> None:
+        """Delete the run folder and the parents this run created (a run that never took a step)."""
+        for p in self._created:  # the run folder first, then its new parents, innermost first
+            if p.is_dir() and (p == Path(self.base_dir) or not any(p.iterdir())):
+                shutil.rmtree(p, ignore_errors=True)
 
     def train(self) -> None:
         self.clock = TrainingClock(self._start_step, self.config.max_num_iterations)
-        super().train()
+        try:
+            super().train()
+        except BaseException:
+            if self.step <= self._start_step and not any(self.checkpoint_dir.glob("step-*.ckpt")):
+                self._remove_run_folder()  # failed before its first step: nothing to keep
+            raise
 
     def train_iteration(self, step: int):
         if self.clock is not None:
@@ -168,10 +220,10 @@ class Rh3dgsTrainer(Trainer):
         skipped = []
         for step, path in found:
             try:
-                state = torch.load(path, map_location="cpu", weights_only=True)
+                state = load_checkpoint(path)  # CRC-32 of every record verified, weights_only
                 if not isinstance(state, dict) or "pipeline" not in state:
                     raise ValueError("not a nerfstudio checkpoint (no 'pipeline' entry)")
-            except Exception as e:  # a truncated or foreign file: say so and try the previous one
+            except Exception as e:  # a truncated, damaged or foreign file: say so and try the previous one
                 skipped.append(f"{path.name} ({type(e).__name__}: {str(e)[:120]})")
                 CONSOLE.print(f"[yellow]Skipping unreadable checkpoint {path}: {type(e).__name__}: {e}")
                 continue
@@ -188,8 +240,31 @@ class Rh3dgsTrainer(Trainer):
                               "Drop --load-dir to train from scratch.")
 
 
+MULTI_DEVICE_REFUSAL = (
+    "ns-train: error: {method} --machine.num-devices {devices} --machine.num-machines {machines}: rh3dgs trains on one "
+    "device (splatfacto has no multi-GPU training, nerfstudio#3560). Train the geometry on one GPU (ns-train {method}, "
+    "or splatfacto and ns-export gaussian-splat), then run the semantic parts data-parallel over K GPUs: torchrun "
+    "--nproc_per_node=K -m rh3dgs.cli distill SCENE.ply --data DATA --output OUT (or lift; README, \"Past one "
+    "machine\")")
+"""The one line ``ns-train rh3dgs`` stops with when asked for more than one device."""
+
+
 @dataclass
 class Rh3dgsTrainerConfig(TrainerConfig):
-    """:class:`TrainerConfig` that builds a :class:`Rh3dgsTrainer`."""
+    """:class:`TrainerConfig` that builds a :class:`Rh3dgsTrainer`; its ``config.yml`` is written once the trainer
+    is set up (module doc)."""
 
     _target: Type = field(default_factory=lambda: Rh3dgsTrainer)
+
+    def set_timestamp(self) -> None:
+        """ns-train's first call on its config, before it saves it or starts processes: a run of more than one device
+        stops here with one line (:data:`MULTI_DEVICE_REFUSAL`) instead of spawning workers that would fail."""
+        devices, machines = int(self.machine.num_devices), int(self.machine.num_machines)
+        if devices * machines > 1:
+            raise SystemExit(MULTI_DEVICE_REFUSAL.format(method=self.method_name, devices=devices, machines=machines))
+        super().set_timestamp()
+
+    def save_config(self) -> None:
+        """Deferred: nerfstudio's ``train.py`` calls this before the data, the teacher and the model are set up;
+        :meth:`Rh3dgsTrainer.setup` writes ``config.yml`` (nerfstudio's :meth:`TrainerConfig.save_config`) when
+        they are, so a run that cannot start leaves no run folder."""

@@ -35,9 +35,9 @@ runs its text tower), built lazily on the first query. The panel learns the teac
 with the pipeline) reads ``viewer.pipeline.datamanager.teacher_spec()``. Without a viewer, call
 :meth:`TextQueryPanel.set_teacher_spec` or :meth:`TextQueryPanel.set_text_encoder`.
 
-Security: building the panel (that is, any rh3dgs model: ``ns-train rh3dgs``, ``ns-viewer --load-config`` on
-an rh3dgs run) installs :mod:`rh3dgs.viewer.guard` before nerfstudio starts its viser server
-(:func:`install_viewer_guard`): only viser's asset files are served, WebSocket connections from a foreign
+Security: the rh3dgs pipeline (:class:`rh3dgs.nerfstudio.pipeline.Rh3dgsPipeline`: ``ns-train rh3dgs``,
+``ns-viewer --load-config`` on an rh3dgs run) installs :mod:`rh3dgs.viewer.guard` before nerfstudio starts its
+viser server (:func:`install_viewer_guard`): only viser's asset files are served, WebSocket connections from a foreign
 ``Origin`` are refused, and the server binds 127.0.0.1 unless the command line names
 ``--viewer.websocket-host`` (``ns-viewer`` replaces the run's viewer config with its own defaults, whose
 host is 0.0.0.0, so the run's ``websocket_host="127.0.0.1"`` alone does not reach it).
@@ -65,6 +65,7 @@ from nerfstudio.viewer.viewer_elements import (
 from ..errors import ConfigError, Rh3dgsError
 from ..query import TEMPERATURE, THRESHOLD, parse_queries, reduce_queries, relevancy_maps
 from ..viewer.controls import DEFAULT_NEGATIVES, OUTPUT_OVERLAY, SHOW_ALL, ControlState, QueryControls, compose_output
+from ..viewer.guard import say_ignored
 
 __all__ = ["ViewerMarkdown", "TextQueryPanel", "tint", "SELECTION_TINT", "SELECTION_TINT_STRENGTH", "COMPOSITED",
            "install_viewer_guard", "requested_viewer_host"]
@@ -171,7 +172,6 @@ class TextQueryPanel(torch.nn.Module):
     # Attribute names sort in display order: parse_object lists dir(), which is alphabetical.
     def __init__(self, model, temperature: float = TEMPERATURE) -> None:
         super().__init__()
-        install_viewer_guard()  # before nerfstudio builds its viser server (the model comes first)
         object.__setattr__(self, "_model_ref", weakref.ref(model))
         self.temperature = float(temperature)
         self._lock = threading.RLock()
@@ -268,10 +268,17 @@ class TextQueryPanel(torch.nn.Module):
         """The elements' current values as a :class:`ControlState` (default values before the viewer installs them)."""
         pos = parse_queries(self.q1_positives.value)
         shown = self.q4_shown.value
-        return ControlState(positives=pos, negatives=parse_queries(self.q2_negatives.value),
-                            threshold=float(min(1.0, max(0.0, float(self.q3_threshold.value)))),
-                            output=OUTPUT_OVERLAY, shown=shown if shown in pos else SHOW_ALL,
-                            show_selection=bool(self.q5_show_selection.value))
+        last = getattr(self, "_last_state", None) or ControlState()
+        try:
+            st = ControlState(positives=pos, negatives=parse_queries(self.q2_negatives.value),
+                              threshold=float(self.q3_threshold.value), output=OUTPUT_OVERLAY,
+                              shown=shown if shown in pos else SHOW_ALL, show_selection=bool(self.q5_show_selection.value))
+        except (Rh3dgsError, TypeError, ValueError) as exc:  # a value the slider does not offer (a crafted message)
+            say_ignored(None, f"GUI value refused: {exc}")
+            self.q3_threshold.value = last.threshold
+            return last
+        self._last_state = st
+        return st
 
     def _on_queries(self, _element=None) -> None:
         """Positives changed: refresh the 'Show' options (SHOW_ALL, then each query when there are several)."""

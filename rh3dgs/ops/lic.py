@@ -51,7 +51,9 @@ class _LicNative(torch.autograd.Function):
 
 
 def _checked(op: str, features: Tensor, anchors: Tensor, candidates: Tensor, kinds: Tensor):
-    """Shapes checked; the index tensors on the features' device in the kernels' dtypes."""
+    """Shapes checked; the index tensors on the features' device in the kernels' dtypes. Off the CPU the indices
+    are checked here (one device sync): a CUDA kernel cannot raise, and an index out of range in the reference's
+    gather is a device-side assert that ends the process's CUDA context. On CPU the kernels check them."""
     if features.dim() != 2:
         raise ShapeError(f"{op}: features must be [N, d], got {list(features.shape)}")
     if anchors.dim() != 1 or candidates.dim() != 2 or candidates.shape[0] != anchors.shape[0]:
@@ -60,8 +62,15 @@ def _checked(op: str, features: Tensor, anchors: Tensor, candidates: Tensor, kin
     if kinds.shape != candidates.shape:
         raise ShapeError(f"{op}: kinds must be {list(candidates.shape)}, got {list(kinds.shape)}")
     dev = features.device
-    return (anchors.to(dev, torch.long).contiguous(), candidates.to(dev, torch.long).contiguous(),
-            kinds.to(dev, torch.uint8).contiguous())
+    anchors, candidates = anchors.to(dev, torch.long).contiguous(), candidates.to(dev, torch.long).contiguous()
+    kinds = kinds.to(dev, torch.uint8).contiguous()
+    if dev.type != "cpu":
+        N = features.shape[0]
+        used = candidates[kinds > 0]
+        bad = ((anchors < 0) | (anchors >= N)).any() | ((used < 0) | (used >= N)).any() | (kinds > 2).any()
+        if bool(bad):
+            raise ShapeError(f"{op}: an anchor or a used candidate is outside [0, {N}) or a kind is not 0, 1, 2")
+    return anchors, candidates, kinds
 
 
 def lic_infonce(features: Tensor, anchors: Tensor, candidates: Tensor, kinds: Tensor, temperature: float) -> Tensor:
@@ -80,12 +89,6 @@ def lic_infonce(features: Tensor, anchors: Tensor, candidates: Tensor, kinds: Te
     dev = features.device
     if features.dtype != torch.float32 or not has_native_kernel("lic_infonce_fwd", dev):
         return _ref_lic_infonce(features, anchors, candidates, kinds, temperature)
-    if dev.type != "cpu":  # the CPU kernel checks indices itself; a CUDA kernel cannot raise
-        N = features.shape[0]
-        used = candidates[kinds > 0]
-        bad = ((anchors < 0) | (anchors >= N)).any() | ((used < 0) | (used >= N)).any() | (kinds > 2).any()
-        if bool(bad):  # one device sync
-            raise ShapeError(f"lic_infonce: an anchor or a used candidate is outside [0, {N}) or a kind is not 0, 1, 2")
     return _LicNative.apply(features.contiguous(), anchors, candidates, kinds, 1.0 / float(temperature))
 
 

@@ -49,22 +49,20 @@ def resolve_device(device: Union[str, torch.device, None]) -> torch.device:
 def load_image(path: PathLike) -> torch.Tensor:
     """Read an image file as a float tensor ``[1, 3, H, W]`` in ``[0, 1]`` (RGB)."""
     import numpy as np
-    from PIL import Image, UnidentifiedImageError
+
+    from ..io.images import open_image
 
     path = Path(path)
     if not path.is_file():
         raise InputFileError(path, "image file not found")
-    try:
-        with Image.open(path) as im:
-            im.load()
-            if im.mode in ("I;16", "I;16B", "I;16L", "I"):
-                arr = np.asarray(im, dtype=np.float32)
-                arr = arr / (65535.0 if arr.max() > 255 else 255.0)
-                arr = np.repeat(arr[..., None], 3, axis=-1)
-            else:
-                arr = np.asarray(im.convert("RGB"), dtype=np.float32) / 255.0
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
-        raise InputFileError(path, f"cannot read image ({type(e).__name__}: {e})") from None
+    with open_image(path) as im:  # sized from its header before decoding
+        im.load()
+        if im.mode in ("I;16", "I;16B", "I;16L", "I"):
+            arr = np.asarray(im, dtype=np.float32)
+            arr = arr / (65535.0 if arr.max() > 255 else 255.0)
+            arr = np.repeat(arr[..., None], 3, axis=-1)
+        else:
+            arr = np.asarray(im.convert("RGB"), dtype=np.float32) / 255.0
     return torch.from_numpy(np.ascontiguousarray(arr)).permute(2, 0, 1)[None].clamp_(0.0, 1.0)
 
 

@@ -11,11 +11,19 @@ Layout::
 teacher's feature file digest), so renaming / moving images keeps their entries and
 editing an image recomputes only that image; identical images share one entry.
 
-Every ``.npy`` is written atomically and its sha256 and size are recorded in the
-manifest. An entry is used only when its file exists and matches the recorded
-checksum; anything else (truncated / corrupt file, file without manifest record after
-a crash) is recomputed. The manifest is rewritten atomically (merged with what is on
-disk, so concurrent runs lose at most some records, which are then recomputed).
+One keying rule for every entry point: the image is the one the teacher sees, and ``rh3dgs extract``,
+``rh3dgs lift`` and the ``ns-train rh3dgs`` data manager all get it from
+:func:`rh3dgs.io.transforms.load_posed_images` with the same dataset options (downscale, missing images,
+undistortion): the dataset's own file, its ``images_N`` copy, or the undistorted / resized PNG in
+``<cache>/images`` (written once, byte-identical for every reader). So on a distorted, downscaled capture
+the three read and write the same entries: whichever runs first computes, the others reuse.
+
+Every ``.npy`` is written atomically and its sha256, size, shape and dtype are recorded in the
+manifest. An entry is used only when its file exists and matches the recorded checksum, size and
+array header (shape ``[h, w, D]`` with the teacher's D); anything else (truncated / corrupt / edited
+file, file without manifest record after a crash) is recomputed. A manifest of a newer cache format
+is refused (one line), never overwritten. The manifest is rewritten atomically (merged with what is
+on disk, so concurrent runs lose at most some records, which are then recomputed).
 
 Data-parallel extraction (``extract_features(..., distributed=True)`` inside an initialised
 ``torch.distributed`` process group, e.g. ``torchrun --nproc_per_node=K -m rh3dgs.cli extract``):
@@ -41,12 +49,14 @@ import numpy as np
 import torch
 
 from ..errors import FeatureFormatError, InputFileError, NonFiniteError, ShapeError
-from ..io.npy import NPY_READ_ERRORS
-from ..io.atomic import atomic_save_bytes, atomic_save_json
+from ..io.npy import NPY_READ_ERRORS, load_npy, npy_header
+from ..io.atomic import atomic_save_bytes, atomic_save_json, file_sha256
+from ..memory import read_text_sized
 from ..progress import track
 from .base import Teacher
 
-__all__ = ["extract_features", "read_cached", "teacher_cache_dir", "file_sha256", "MANIFEST_NAME"]
+__all__ = ["extract_features", "read_stored_map", "teacher_cache_dir", "cached_teachers", "file_sha256",
+           "MANIFEST_NAME"]
 
 MANIFEST_NAME = "manifest.json"
 _PART_GLOB = "manifest.rank*.json"  # per-rank journals of a distributed run
@@ -54,15 +64,6 @@ _FORMAT = 1
 _MANIFEST_EVERY_S = 5.0
 
 PathLike = Union[str, Path]
-
-
-def file_sha256(path: PathLike, chunk: int = 1 << 20) -> str:
-    """Hex sha256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(chunk), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def teacher_cache_dir(teacher: Teacher, cache_dir: PathLike) -> Path:
@@ -74,10 +75,14 @@ def teacher_cache_dir(teacher: Teacher, cache_dir: PathLike) -> Path:
 
 def _read_records(path: Path, key: str) -> Dict[str, Dict[str, Any]]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
+        data = json.loads(read_text_sized(path, "a cache manifest"))
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
         return {}  # absent or unreadable: every entry will be verified / recomputed
-    if not isinstance(data, dict) or data.get("format") != _FORMAT or data.get("teacher_key") != key:
+    version = data.get("format") if isinstance(data, dict) else None
+    if isinstance(version, int) and not isinstance(version, bool) and version > _FORMAT:
+        raise FeatureFormatError(path, f"written by a newer rh3dgs (cache format {version}; this version reads "
+                                       f"{_FORMAT}): use that version, or another --cache folder", field="format")
+    if not isinstance(data, dict) or version != _FORMAT or data.get("teacher_key") != key:
         return {}
     entries = data.get("entries")
     if not isinstance(entries, dict):
@@ -100,7 +105,32 @@ def _read_manifest(folder: Path, key: str) -> Dict[str, Dict[str, Any]]:
 def _manifest_payload(teacher: Teacher, entries: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
     settings = teacher.settings() if hasattr(teacher, "settings") else {}
     return {"format": _FORMAT, "teacher_key": teacher.cache_key(), "teacher": teacher.name, "dim": teacher.dim,
-            "settings": settings, "entries": dict(sorted(entries.items()))}
+            "settings": settings, "spec": getattr(teacher, "spec", None), "entries": dict(sorted(entries.items()))}
+
+
+def _manifest_spec(folder: Path) -> Optional[Dict[str, Any]]:
+    try:
+        data = json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return data.get("spec") if isinstance(data, dict) else None
+
+
+def cached_teachers(cache_dir: PathLike) -> List[Tuple[Dict[str, Any], Path]]:
+    """``(spec, folder)`` of every teacher with entries under ``cache_dir``, the most recently written first: the
+    spec its manifest records (:func:`rh3dgs.teachers.make_teacher` builds it back). What ``rh3dgs lift`` uses by
+    default: the teacher the data's cache already holds."""
+    found = []
+    for manifest in Path(cache_dir).glob(f"*/{MANIFEST_NAME}"):
+        try:
+            data = json.loads(manifest.read_text(encoding="utf-8"))
+            stamp = manifest.stat().st_mtime_ns
+        except (OSError, ValueError, UnicodeDecodeError):
+            continue
+        spec = data.get("spec") if isinstance(data, dict) else None
+        if isinstance(spec, dict) and isinstance(spec.get("name"), str) and data.get("entries"):
+            found.append((stamp, spec, manifest.parent))
+    return [(spec, folder) for _, spec, folder in sorted(found, key=lambda x: -x[0])]
 
 
 def _write_manifest(folder: Path, teacher: Teacher, entries: Dict[str, Dict[str, Any]],
@@ -119,15 +149,22 @@ def _part_path(folder: Path, rank: int) -> Path:
     return folder / f"manifest.rank{rank}.json"
 
 
-def _entry_valid(folder: Path, record: Optional[Dict[str, Any]], entry: str) -> bool:
+def _entry_valid(folder: Path, record: Optional[Dict[str, Any]], entry: str, dim: Optional[int] = None) -> bool:
+    """The entry's file is what its manifest record vouches for: the size, the array header (shape [h, w, dim]
+    and dtype as recorded) and the sha256 of its bytes."""
     if not record:
         return False
     path = folder / f"{entry}.npy"
     try:
         if path.stat().st_size != int(record.get("bytes", -1)):
             return False
+        with open(path, "rb") as f:
+            shape, dtype = npy_header(f)
+        if list(shape) != record.get("shape") or dtype.name != record.get("dtype") or len(shape) != 3 \
+                or (dim is not None and shape[-1] != dim):
+            return False
         return file_sha256(path) == record.get("sha256")
-    except (OSError, TypeError, ValueError):
+    except NPY_READ_ERRORS:
         return False
 
 
@@ -213,7 +250,7 @@ def extract_features(teacher: Teacher, image_paths: Sequence[PathLike], cache_di
         first_image.setdefault(e, p)
 
     unique = list(first_image)
-    valid = _map_sharded(lambda e: _entry_valid(folder, manifest.get(e), e), unique, rank, world)
+    valid = _map_sharded(lambda e: _entry_valid(folder, manifest.get(e), e, teacher.dim), unique, rank, world)
     todo: List[str] = []
     invalid = 0
     for e, ok in zip(unique, valid):
@@ -249,6 +286,8 @@ def extract_features(teacher: Teacher, image_paths: Sequence[PathLike], cache_di
     finally:
         if new_records:
             journal(new_records, final=True)
+        elif world == 1 and unique and _manifest_spec(folder) != getattr(teacher, "spec", None):
+            _write_manifest(folder, teacher, {})  # a manifest of an older rh3dgs: record what built the teacher
 
     computed_by_rank = [len(mine)]
     if world > 1:
@@ -267,19 +306,20 @@ def extract_features(teacher: Teacher, image_paths: Sequence[PathLike], cache_di
     return [folder / f"{e}.npy" for e in entries]
 
 
-def read_cached(path: PathLike) -> torch.Tensor:
-    """Read a cached map as stored -> ``[h, w, D]`` float32 (the teacher's resolution, float16-rounded).
+def read_stored_map(path: PathLike) -> torch.Tensor:
+    """A cache entry exactly as stored -> ``[h, w, D]`` float32: the teacher's resolution, float16-rounded rows that
+    are not quite unit vectors. Checks the file (:class:`~rh3dgs.errors.FeatureFormatError` naming it).
 
-    Every problem raises :class:`~rh3dgs.errors.FeatureFormatError` naming the file. Consumers use
-    :func:`rh3dgs.teachers.maps.load_cached`, which also renormalises (and resizes).
+    The cache's own reader; consumers use :func:`rh3dgs.teachers.maps.load_cached`, the map ready for use (rows
+    renormalised to unit vectors, optionally resized to the image).
     """
     path = Path(path)
     if not path.is_file():
         raise FeatureFormatError(path, "cached feature file not found (run extract_features first)")
     try:
-        arr = np.load(path, allow_pickle=False)
-    except NPY_READ_ERRORS as e:
-        raise FeatureFormatError(path, f"corrupt cached feature file ({type(e).__name__}: {e}); delete it and "
+        arr = load_npy(path, FeatureFormatError, "cached feature map")  # sized from its header first
+    except FeatureFormatError as e:
+        raise FeatureFormatError(path, f"corrupt cached feature file ({str(e).split(': ', 1)[-1]}); delete it and "
                                        "re-run extract_features") from None
     if not isinstance(arr, np.ndarray) or arr.ndim != 3 or arr.dtype.kind != "f":
         raise FeatureFormatError(path, f"cached features must be a float [h, w, D] array, got "

@@ -37,7 +37,7 @@ from torch import Tensor
 
 from ..errors import ConfigError, NonFiniteError, ShapeError
 from ..ops import guided_upsample  # noqa: F401  (the teacher maps' guided upsampling, a native op: rh3dgs.ops)
-from .cache import extract_features, read_cached
+from .cache import extract_features, read_stored_map
 
 __all__ = ["TeacherMaps", "get_map", "map_dim", "principal_basis", "ProjectedMaps", "prepare_map", "prepare_maps", "guided_upsample", "constant_regions", "region_fraction", "upsample_features", "load_cached",
            "DEFAULT_CACHE_DIRNAME", "default_cache_dir", "DatasetMaps", "dataset_maps"]
@@ -173,19 +173,19 @@ def _region_ids(x: Tensor) -> "np.ndarray":
     return ids.reshape(B, h, w) - (1 if (~nz).any() else 0)
 
 
-def _per_views(m: Union[Tensor, Sequence[Tensor]], size: Optional[Tuple[int, int]],
+def _per_pixel_of_maps(m: Union[Tensor, Sequence[Tensor]], size: Optional[Tuple[int, int]],
                fn: Callable[[Tensor], Tensor]) -> Tensor:
-    """``fn`` ([B, h, w, D] float CPU maps -> [B, h, w]) of one map ``[h, w, D]`` (-> ``[h, w]``), a ``[B, h, w, D]``
-    tensor or a sequence of maps (-> ``[B, h, w]``; equal-sized maps in one call, others one by one), resized
-    to ``size`` by nearest neighbour, on the maps' device."""
+    """A per-pixel quantity of teacher maps: ``fn`` ([B, h, w, D] float CPU maps -> [B, h, w]) of one map
+    ``[h, w, D]`` (-> ``[h, w]``), a ``[B, h, w, D]`` tensor or a sequence of maps (-> ``[B, h, w]``; equal-sized
+    maps in one call, others one by one), resized to ``size`` by nearest neighbour, on the maps' device."""
     if isinstance(m, (list, tuple)) or m.dim() == 4:
         if isinstance(m, Tensor) or all(x.dim() == 3 and x.shape == m[0].shape for x in m):
             batch = m if isinstance(m, Tensor) else torch.stack(list(m))
             return _resize_nearest(fn(batch.detach().float().cpu()), size).to(batch.device)
-        return torch.stack([_per_views(x, size, fn) for x in m])
+        return torch.stack([_per_pixel_of_maps(x, size, fn) for x in m])
     if m.dim() != 3:
         raise ShapeError(f"teacher map must be [h, w, D], got {list(m.shape)}")
-    return _per_views(m[None], size, fn)[0]
+    return _per_pixel_of_maps(m[None], size, fn)[0]
 
 
 def constant_regions(m: Union[Tensor, Sequence[Tensor]], size: Optional[Tuple[int, int]] = None) -> Tensor:
@@ -214,7 +214,7 @@ def constant_regions(m: Union[Tensor, Sequence[Tensor]], size: Optional[Tuple[in
             ids = np.where(nz, ids - first[:, None, None], -1)
         return torch.from_numpy(ids.astype(np.int64))
 
-    return _per_views(m, size, ids_per_view)
+    return _per_pixel_of_maps(m, size, ids_per_view)
 
 
 def region_fraction(m: Union[Tensor, Sequence[Tensor]], size: Optional[Tuple[int, int]] = None) -> Tensor:
@@ -239,7 +239,7 @@ def region_fraction(m: Union[Tensor, Sequence[Tensor]], size: Optional[Tuple[int
         frac[ok] = counts[ids[ok]] / float(ids.shape[1] * ids.shape[2])
         return frac.float()
 
-    return _per_views(m, size, fractions)
+    return _per_pixel_of_maps(m, size, fractions)
 
 
 def _resize_nearest(x: Tensor, size: Optional[Tuple[int, int]]) -> Tensor:
@@ -266,12 +266,13 @@ def upsample_features(fmap: Tensor, out_size: Optional[Tuple[int, int]] = None) 
 
 
 def load_cached(path: PathLike, out_size: Optional[Tuple[int, int]] = None) -> Tensor:
-    """Read a feature-cache entry -> ``[H, W, D]`` float32 unit vectors.
+    """A feature-cache entry ready for use -> ``[H, W, D]`` float32 unit vectors (the stored map,
+    :func:`rh3dgs.teachers.cache.read_stored_map`, renormalised).
 
     With ``out_size = (H, W)`` the map is bilinearly upsampled to the image size and
-    renormalised; otherwise it is returned at the teacher's resolution (renormalised).
+    renormalised; otherwise it is returned at the teacher's resolution.
     """
-    return upsample_features(read_cached(path), out_size)
+    return upsample_features(read_stored_map(path), out_size)
 
 
 # ------------------------------------------------------------------------------ the provider

@@ -17,7 +17,7 @@ followed by a second normalisation. Every problem raises
 from __future__ import annotations
 
 import hashlib
-import zipfile
+import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -25,7 +25,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError, FeatureFormatError, MemoryLimitError
+from ..errors import ConfigError, FeatureFormatError
+from ..io.npy import check_torch_zip, load_npy, load_npz, npz_headers
 from .base import Teacher, check_images
 from .maps import upsample_features
 
@@ -50,63 +51,58 @@ def _as_numpy(obj, path: Path, field: Optional[str] = None) -> np.ndarray:
     raise FeatureFormatError(path, f"expected an array / tensor, found {type(obj).__name__}", field=field)
 
 
+def _map_bytes(shape, dtype) -> int:
+    from ..memory import feature_map_bytes
+
+    return feature_map_bytes(shape, dtype.itemsize)
+
+
 def read_feature_file(path: PathLike) -> np.ndarray:
-    """Read one feature array from ``.npy`` / ``.npz`` (one array) / ``.pt``; no validation of values."""
+    """Read one feature array from ``.npy`` / ``.npz`` (one array) / ``.pt``; no validation of values.
+
+    Sized before it is read (:mod:`rh3dgs.io.npy`): the ``.npy`` header, each ``.npz`` member's header (before
+    it is decompressed), the records of a ``.pt`` (and their CRC-32), against the memory budget.
+    """
     path = Path(path)
     if not path.is_file():
         raise FeatureFormatError(path, "feature file not found")
     suffix = path.suffix.lower()
+    what = "feature map"
+    if suffix == ".npy":
+        return load_npy(path, FeatureFormatError, what, _map_bytes)
+    if suffix == ".npz":
+        return _read_npz_map(path)
+    if suffix != ".pt":
+        raise FeatureFormatError(path, f"unsupported feature file type {suffix!r}; use one of {FEATURE_SUFFIXES}")
+    check_torch_zip(path, FeatureFormatError, "feature file", factor=3)
     try:
-        if suffix == ".npy":
-            _preflight_npy(path)
-            return np.load(path, allow_pickle=False)
-        if suffix == ".npz":
-            with np.load(path, allow_pickle=False) as z:
-                keys = list(z.files)
-                if len(keys) == 1:
-                    return z[keys[0]]
-                if "features" in keys:
-                    return z["features"]
-                raise FeatureFormatError(path, f"an .npz feature file must hold exactly one array (or one named "
-                                               f"'features'), found {len(keys)}: {', '.join(keys[:8])}")
-        if suffix == ".pt":
-            obj = torch.load(path, map_location="cpu", weights_only=True)
-            if isinstance(obj, dict):
-                tensors = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
-                if len(tensors) == 1:
-                    obj = next(iter(tensors.values()))
-                elif "features" in tensors:
-                    obj = tensors["features"]
-                else:
-                    raise FeatureFormatError(path, "a .pt feature file must hold one tensor (or a dict with one "
-                                                   f"tensor / a 'features' tensor), found keys {list(obj)[:8]}")
-            return _as_numpy(obj, path)
-    except (FeatureFormatError, MemoryLimitError):
-        raise
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile, RuntimeError, KeyError, TypeError,
-            AttributeError, ImportError) as e:
-        raise FeatureFormatError(path, f"unreadable or corrupt feature file ({type(e).__name__}: {e})") from None
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # pickle errors of torch.load and the like
         raise FeatureFormatError(path, f"unreadable or corrupt feature file ({type(e).__name__}: {e})") from None
-    raise FeatureFormatError(path, f"unsupported feature file type {suffix!r}; use one of {FEATURE_SUFFIXES}")
+    if isinstance(obj, dict):
+        tensors = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+        if len(tensors) == 1:
+            obj = next(iter(tensors.values()))
+        elif "features" in tensors:
+            obj = tensors["features"]
+        else:
+            raise FeatureFormatError(path, "a .pt feature file must hold one tensor (or a dict with one "
+                                           f"tensor / a 'features' tensor), found keys {list(obj)[:8]}")
+    return _as_numpy(obj, path)
 
 
-def _preflight_npy(path: Path) -> None:
-    """Refuse, from the .npy header alone, a map that cannot fit in memory (rh3dgs.memory)."""
-    from ..memory import check_memory, feature_map_bytes
-
-    with open(path, "rb") as f:
-        try:
-            version = np.lib.format.read_magic(f)
-            shape, _, dtype = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
-                               else np.lib.format.read_array_header_2_0(f))
-        except Exception:  # a corrupt header: np.load reports it below
-            return
-    if dtype.hasobject:
-        return
-    check_memory(feature_map_bytes(shape, dtype.itemsize), f"{path}: reading a {'x'.join(map(str, shape))} "
-                 f"{dtype.name} feature map", knobs=["feature maps at the teacher's patch resolution (they are "
-                                                     "upsampled to the image size as needed)"])
+def _read_npz_map(path: Path) -> np.ndarray:
+    """The one array (or the one named ``features``) of an ``.npz`` feature file, only that member read."""
+    try:
+        keys = list(npz_headers(path))
+    except Exception:  # noqa: BLE001 - zip / header damage: load_npz names it below
+        keys = None
+    if keys is not None and len(keys) != 1 and "features" not in keys:
+        raise FeatureFormatError(path, f"an .npz feature file must hold exactly one array (or one named "
+                                       f"'features'), found {len(keys)}: {', '.join(keys[:8])}")
+    member = None if keys is None else (keys if len(keys) == 1 else ["features"])
+    arrays = load_npz(path, FeatureFormatError, "feature map", members=member, bytes_for=_map_bytes)
+    return next(iter(arrays.values()))
 
 
 def _first_index(mask: np.ndarray) -> Tuple[int, ...]:
@@ -184,8 +180,17 @@ class PrecomputedTeacher(Teacher):
         return dict(features_dir=str(Path(features_dir).expanduser().resolve()))
 
     def map_files(self, image_paths: Sequence[PathLike]) -> List[Path]:
-        """The feature file of every image (the maps are read in place, never cached)."""
-        return [self.feature_path(p) for p in image_paths]
+        """The feature file of every image (the maps are read in place, never cached). Two different images
+        whose names lead to one file (``a/0001.png`` and ``b/0001.png`` -> ``0001.npy``) are refused: they
+        would silently share one map."""
+        files = [self.feature_path(p) for p in image_paths]
+        first: Dict[Path, Path] = {}
+        for image, f in zip(image_paths, files):
+            other = first.setdefault(f, Path(image))
+            if os.path.abspath(other) != os.path.abspath(image):
+                raise FeatureFormatError(f, f"is the feature map of two different images, {other} and {image} "
+                                            "(maps are found by image name): give the images distinct names")
+        return files
 
     # ------------------------------------------------------------------ lookup
     def feature_path(self, stem_or_path: PathLike) -> Path:
@@ -277,11 +282,7 @@ class PrecomputedTeacher(Teacher):
         if not path.is_file():
             raise FeatureFormatError(path, "text embeddings file not found: create an .npz mapping each query "
                                            "string to its D-vector (np.savez(path, **{'red mug': vec, ...}))")
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                raw = {k: z[k] for k in z.files}
-        except Exception as e:  # ValueError, OSError, EOFError, BadZipFile, zlib.error, NotImplementedError, ...
-            raise FeatureFormatError(path, f"unreadable or corrupt text embeddings ({type(e).__name__}: {e})") from None
+        raw = load_npz(path, FeatureFormatError, "text embeddings")  # each member sized before it is read
         if not raw:
             raise FeatureFormatError(path, "text embeddings file holds no queries")
         text: Dict[str, np.ndarray] = {}

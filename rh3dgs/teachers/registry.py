@@ -18,9 +18,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Annotated, Any, Callable, Dict, List, Optional, Tuple, Union
 
 from ..errors import ConfigError
+from ..ranges import Range, check_fields, check_setting
 from .base import Teacher
 from .clip import ClipTeacher
 from .precomputed import PrecomputedTeacher
@@ -68,11 +69,16 @@ def make_teacher(name: str, **kwargs: Any) -> Teacher:
     """
     factory = teacher_factory(name)
     try:
-        return factory(**kwargs)
+        teacher = factory(**kwargs)
     except TypeError as e:
         if "unexpected keyword argument" in str(e) or "got an unexpected" in str(e):
             raise ConfigError(f"teacher {name!r}: {e}") from None
         raise
+    try:  # what built it: the feature cache's manifest records it, so `rh3dgs lift` can default to it
+        teacher.spec = {"name": name, **kwargs}
+    except AttributeError:  # pragma: no cover - a factory returning an object without a __dict__
+        pass
+    return teacher
 
 
 _PATH_KEYS = ("features_dir", "data_dir", "text_embeddings", "checkpoint", "cache_dir")
@@ -90,6 +96,8 @@ def teacher_from_spec(spec: Dict[str, Any], base: Optional[PathLike] = None) -> 
     if not isinstance(spec, dict) or "name" not in spec:
         raise ConfigError(f"teacher spec must be a dict with a 'name', got {spec!r}")
     kw = {k: v for k, v in spec.items() if k != "name"}
+    for k, v in kw.items():  # numbers stored in a scene checked against TeacherConfig's declared ranges
+        check_setting(TeacherConfig, k, v)
     if base is not None:
         for k in _PATH_KEYS:
             if isinstance(kw.get(k), str) and not Path(kw[k]).is_absolute():
@@ -99,45 +107,37 @@ def teacher_from_spec(spec: Dict[str, Any], base: Optional[PathLike] = None) -> 
 
 @dataclass
 class TeacherConfig:
-    """Everything needed to build a teacher (a field of the training / lift configs).
-
-    Attributes:
-        name: registry name: ``"clip"``, ``"tiny-clip"`` or ``"precomputed"``.
-        model: open_clip architecture (``"ViT-B-16"``); ignored by "tiny-clip" / "precomputed".
-        pretrained: open_clip pretrained tag (``"laion2b_s34b_b88k"``), downloaded by
-            open_clip on a networked machine; ``None`` when ``checkpoint`` is given.
-        checkpoint: local weights file (state dict) for ``model``; takes precedence
-            over ``pretrained``.
-        image_size: short side (pixels) the image is resized to before the ViT; ``None``
-            = the model's native input size (224 for ViT-B-16). Both sides are rounded
-            to multiples of the patch size, so the map is ``[size/patch, ...]``.
-        scales: multi-scale crop pyramid (LERF-style); ``(1.0,)`` = dense map only.
-            See :class:`rh3dgs.teachers.clip.ClipTeacher`.
-        crop_overlap: overlap of neighbouring crops in the pyramid, in [0, 1).
-        dense_path: ``"maskclip"`` (last block keeps residual + MLP, as MaskCLIP) or
-            ``"value-only"`` (out_proj(v) alone).
-        device: ``"auto"`` (CUDA if available), ``"cpu"``, ``"cuda:0"``...
-        cache_dir: root of the on-disk feature cache (default ``<data>/.rh3dgs_cache``,
-            :data:`rh3dgs.teachers.maps.DEFAULT_CACHE_DIRNAME`).
-        features_dir: for "precomputed": folder with ``<image stem>.npy`` maps and
-            ``text_embeddings.npz`` (default ``<data>/features``).
-        seed: for "tiny-clip": seed of the random initialisation.
-        batch_size: crops per forward pass in the pyramid.
-    """
+    """Everything needed to build a teacher (a field of the training and lift configs)."""
 
     name: str = "clip"
+    """Registry name: clip, tiny-clip or precomputed."""
     model: str = "ViT-B-16"
+    """clip: open_clip architecture."""
     pretrained: Optional[str] = "laion2b_s34b_b88k"
+    """clip: open_clip weights tag (downloaded)."""
     checkpoint: Optional[str] = None
-    image_size: Optional[int] = None
-    scales: Tuple[float, ...] = (1.0,)
-    crop_overlap: float = 0.5
+    """clip: local weights file; takes precedence over pretrained."""
+    image_size: Optional[Annotated[int, Range(ge=1)]] = None
+    """clip: image short side for the ViT (None: the model's)."""
+    scales: Annotated[Tuple[float, ...], Range(gt=0, min_len=1)] = (1.0,)
+    """clip: crop scales of the pyramid (1.0: dense map only)."""
+    crop_overlap: Annotated[float, Range(ge=0, lt=1)] = 0.5
+    """clip: overlap of neighbouring crops, in [0, 1)."""
     dense_path: str = "maskclip"
+    """clip: maskclip (residual + MLP kept) or value-only."""
     device: str = "auto"
+    """auto (CUDA if available), cpu, cuda:0, ..."""
     cache_dir: Optional[str] = None
+    """Root of the feature cache (None: DATA/.rh3dgs_cache)."""
     features_dir: Optional[str] = None
+    """precomputed: folder of the .npy maps (None: DATA/features)."""
     seed: int = 0
-    batch_size: int = 64
+    """tiny-clip: seed of the random initialisation."""
+    batch_size: Annotated[int, Range(ge=1)] = 64
+    """clip: crops per forward pass."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)  # every numeric field against its declared Range (rh3dgs.ranges)
 
     def teacher_kwargs(self, data_dir: Optional[PathLike] = None) -> Dict[str, Any]:
         """Keyword arguments for :func:`make_teacher` for this config's ``name`` (defaults that
@@ -153,6 +153,13 @@ class TeacherConfig:
     def setup(self, data_dir: Optional[PathLike] = None) -> Teacher:
         """Build the teacher this config describes."""
         return make_teacher(self.name, **self.teacher_kwargs(data_dir))
+
+    @classmethod
+    def from_spec(cls, spec: Dict[str, Any], **changes: Any) -> "TeacherConfig":
+        """The config whose :meth:`spec` is ``spec`` (the keys that are this config's fields; ``changes`` on top)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in spec.items() if k in names}
+        return cls(**{**kw, **changes})
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)

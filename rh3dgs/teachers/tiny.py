@@ -4,7 +4,8 @@ It is a real open_clip ``CLIP`` model (registered once as ``rh3dgs-tiny-vit`` th
 ``open_clip.add_model_config``), so it exercises exactly the dense-feature code of
 :class:`~rh3dgs.teachers.clip.ClipTeacher`; only the weights are random (seeded, hence
 deterministic across runs and machines with the same torch version). Its features carry
-no semantics. No download ever happens.
+no semantics: **its answers to text queries are random** (the pipeline's tests use it), and building it
+warns so once per process (:class:`RandomTeacherWarning`). No download ever happens.
 
 Architecture: embed_dim 32; vision 64 px input, patch 8 (8 x 8 grid), 2 layers, width 64,
 2 heads; text context 16, vocab 49408 (open_clip's BPE tokenizer), width 32, 2 heads, 1 layer.
@@ -15,6 +16,7 @@ import json
 import os
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 from typing import Any, Dict
 
@@ -23,7 +25,8 @@ import torch
 from ..io.atomic import atomic_save_text
 from .clip import ClipTeacher, import_open_clip
 
-__all__ = ["TINY_MODEL_NAME", "TINY_MODEL_CONFIG", "register_tiny_config", "create_tiny_model", "TinyClipTeacher"]
+__all__ = ["TINY_MODEL_NAME", "TINY_MODEL_CONFIG", "register_tiny_config", "create_tiny_model", "TinyClipTeacher",
+           "RandomTeacherWarning"]
 
 TINY_MODEL_NAME = "rh3dgs-tiny-vit"
 TINY_MODEL_CONFIG = {
@@ -32,6 +35,22 @@ TINY_MODEL_CONFIG = {
     "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
 }
 _LOCK = threading.Lock()
+_WARNED = False
+
+
+class RandomTeacherWarning(UserWarning):
+    """A teacher whose answers carry no meaning (``tiny-clip``: random weights)."""
+
+
+def _warn_random() -> None:
+    global _WARNED
+    if _WARNED:
+        return
+    _WARNED = True
+    warnings.warn("tiny-clip is a random-initialised model for pipeline tests: its features and its answers to text "
+                  "queries are random. For meaningful answers offline use --teacher clip with local weights "
+                  "(--checkpoint ViT-B-16.bin) or your own maps (--teacher precomputed)", RandomTeacherWarning,
+                  stacklevel=3)
 
 
 def register_tiny_config() -> str:
@@ -83,6 +102,7 @@ class TinyClipTeacher(ClipTeacher):
         super().__init__(model=TINY_MODEL_NAME, pretrained=None, device=device,
                          model_obj=create_tiny_model(self.seed), weights_id=f"random-seed:{self.seed}",
                          **kwargs)
+        _warn_random()
 
     @classmethod
     def kwargs_from_config(cls, config: Any, data_dir: Any = None) -> Dict[str, Any]:

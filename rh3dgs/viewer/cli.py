@@ -19,7 +19,7 @@ __all__ = ["View", "ViewerOptions", "cmd_view"]
 
 @dataclass
 class ViewerOptions(ViewerConfig):
-    """:class:`ViewerConfig` with ``output_dir`` as ``--output``."""
+    """ViewerConfig with output_dir as --output."""
 
     output_dir: Annotated[Path, arg(name="output", help="folder the export button writes selections to")] = \
         ViewerConfig.output_dir
@@ -27,8 +27,7 @@ class ViewerOptions(ViewerConfig):
 
 @dataclass
 class View:
-    """Interactive text-query viewer in the browser (viser): serve a scene (semantic scene folder, its
-    rh3dgs.json, or a 3DGS .ply) with RGB, text-query heat maps, 3D selection and export."""
+    """Text-query viewer in the browser (viser): heat maps, 3D selection and export of a scene."""
 
     path: Annotated[str, Positional, arg(metavar="PATH")]
     """semantic scene folder / rh3dgs.json / 3DGS .ply"""

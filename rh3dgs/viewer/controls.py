@@ -36,6 +36,7 @@ from ..query import (
     MIN_ALPHA,
     TEMPERATURE,
     THRESHOLD,
+    Threshold,
     format_queries,
     gaussian_relevancy,
     parse_queries,
@@ -43,7 +44,9 @@ from ..query import (
     select_gaussians,
 )
 from ..query import reduce_queries as heat_map
+from ..ranges import check_fields
 from ..viz import overlay_heatmap, turbo
+from .guard import say_ignored
 
 __all__ = [
     "OUTPUT_RGB", "OUTPUT_HEAT", "OUTPUT_OVERLAY", "OUTPUTS", "SHOW_ALL", "DEFAULT_NEGATIVES",
@@ -144,10 +147,13 @@ class ControlState:
 
     positives: Tuple[str, ...] = ()
     negatives: Tuple[str, ...] = CANONICAL_NEGATIVES
-    threshold: float = THRESHOLD
+    threshold: Threshold = THRESHOLD
     output: str = OUTPUT_OVERLAY
     shown: str = SHOW_ALL
     show_selection: bool = True
+
+    def __post_init__(self) -> None:
+        check_fields(self)  # a GUI value outside the range (a crafted message) is refused, not clamped
 
     @property
     def shown_index(self) -> Optional[int]:
@@ -235,8 +241,6 @@ class QueryControls:
         for key in ("positives", "negatives"):
             if isinstance(changes.get(key), str):
                 changes[key] = parse_queries(changes[key])
-        if "threshold" in changes:
-            changes["threshold"] = float(min(1.0, max(0.0, float(changes["threshold"]))))
         if "output" in changes and changes["output"] not in OUTPUTS:
             raise ConfigError(f"unknown output {changes['output']!r} (choose one of {', '.join(OUTPUTS)})")
         with self._lock:
@@ -397,9 +401,14 @@ class ViserControlPanel:
     def sync(self) -> None:
         """Read every widget into the controls; refresh the dependent widgets; call ``on_change``."""
         with self._lock:
-            changed = self.controls.update(positives=self.positives.value, negatives=self.negatives.value,
-                                           threshold=self.threshold.value, output=self.output.value,
-                                           shown=self.shown.value, show_selection=self.show_selection.value)
+            try:
+                changed = self.controls.update(positives=self.positives.value, negatives=self.negatives.value,
+                                               threshold=self.threshold.value, output=self.output.value,
+                                               shown=self.shown.value, show_selection=self.show_selection.value)
+            except Rh3dgsError as exc:  # a value no widget offers (a crafted message): keep the last good state
+                say_ignored(None, f"GUI value refused: {exc}")
+                self._show(self.controls.state)
+                return
             opts = self.controls.shown_options()
             if tuple(self.shown.options) != opts:
                 self.shown.options = opts
@@ -408,6 +417,13 @@ class ViserControlPanel:
                 self._draw_selection()
         if changed:
             self.on_change()
+
+    def _show(self, st: ControlState) -> None:
+        """Put the widgets back to ``st`` (after a refused value)."""
+        for handle, value in ((self.threshold, st.threshold), (self.output, st.output), (self.shown, st.shown),
+                              (self.show_selection, st.show_selection)):
+            if handle.value != value:
+                handle.value = value
 
     def _draw_selection(self) -> None:
         if self.scene_api is None or self.means is None:

@@ -27,6 +27,15 @@ viser's server in this process when one of our viewers starts (idempotent):
 The checks run in ``process_request`` of the ``websockets`` server viser starts (``viser.infra``'s
 ``websockets.server.serve`` call, redirected through :class:`RequestGuard`), before viser's own handler.
 
+**Messages** a connected client sends are checked too (:func:`message_problem`), for both viewers: bytes that
+are not a viser message (bad msgpack, a text frame, an unknown type, missing or extra fields), a camera that is not a camera
+(non-finite or zero quaternion, position, look-at or up vector; a field of view outside (0, pi); an aspect
+<= 0; values of the wrong type) and GUI updates that are not a mapping or carry NaN / Inf are dropped with one
+line on stderr (``rh3dgs: viewer: ignored a message from client N: ...``), so the viewer keeps its last good
+state and keeps serving; viser closed the connection (a bad message) or rendered NaN (a bad camera) before.
+An error raised while a message is handled (an unknown GUI property, a value viser cannot cast, a callback
+refusing a value) is one such line too instead of viser's traceback (``RH3DGS_DEBUG=1`` shows it).
+
 Example::
 
     from rh3dgs.viewer import guard
@@ -38,6 +47,8 @@ import functools
 import http
 import inspect
 import ipaddress
+import math
+import os
 import sys
 import threading
 import warnings
@@ -46,7 +57,7 @@ from typing import Any, Callable, Optional, Tuple, Union
 from urllib.parse import unquote, urlsplit
 
 __all__ = ["install", "installed", "is_loopback", "static_file", "host_allowed", "origin_allowed", "RequestGuard",
-           "bind_host", "LOOPBACK"]
+           "bind_host", "LOOPBACK", "message_problem", "CheckedMessages", "say_ignored"]
 
 LOOPBACK = "127.0.0.1"
 Response = Tuple[http.HTTPStatus, dict, bytes]
@@ -303,6 +314,113 @@ class _Delegate:
         return getattr(self._target, name)
 
 
+# ----------------------------------------------------------------------------------------- client messages
+def _finite(values, n: int) -> bool:
+    return (isinstance(values, (tuple, list)) and len(values) == n
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values))
+
+
+def _nonfinite_in(value, depth: int = 0) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if depth < 8 and isinstance(value, (tuple, list)):
+        return any(_nonfinite_in(v, depth + 1) for v in value)
+    if depth < 8 and isinstance(value, dict):
+        return any(_nonfinite_in(v, depth + 1) for v in value.values())
+    return False
+
+
+def message_problem(message) -> Optional[str]:
+    """Why a decoded client message must not reach the viewer (None when it may): a camera that is not a camera,
+    a GUI update that is not a mapping of property names or that carries NaN / Inf."""
+    kind = type(message).__name__
+    if kind == "ViewerCameraMessage":
+        m = message
+        for name, n in (("wxyz", 4), ("position", 3), ("look_at", 3), ("up_direction", 3)):
+            if not _finite(getattr(m, name, None), n):
+                return f"camera {name} must be {n} finite numbers, got {getattr(m, name, None)!r}"[:200]
+        if math.sqrt(sum(v * v for v in m.wxyz)) < 1e-8:
+            return "camera quaternion wxyz is zero"
+        if math.sqrt(sum(v * v for v in m.up_direction)) < 1e-8:
+            return "camera up_direction is zero"
+        for name, ok, rule in (("fov", lambda v: 0 < v < math.pi, "in (0, pi) radians"),
+                               ("aspect", lambda v: 0 < v < 1e4, "in (0, 1e4)")):
+            v = getattr(m, name, None)
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and ok(v)):
+                return f"camera {name} must be {rule}, got {v!r}"[:200]
+    elif kind == "GuiUpdateMessage":
+        updates = getattr(message, "updates", None)
+        if not isinstance(getattr(message, "id", None), str) or not isinstance(updates, dict) \
+                or not all(isinstance(k, str) for k in updates):
+            return "GUI update must name an element and map property names to values"
+        if _nonfinite_in(updates):
+            return f"GUI update of {message.id} holds NaN / Inf: {updates!r}"[:200]
+    return None
+
+
+class _BinaryFrames:
+    """A client connection whose text frames reach viser as bytes (its consumer asserts binary frames and closed
+    the connection with a traceback on a text one); :class:`CheckedMessages` then drops them with one line."""
+
+    def __init__(self, websocket):
+        self._ws = websocket
+
+    def __getattr__(self, name):
+        return getattr(self._ws, name)
+
+    async def recv(self):
+        raw = await self._ws.recv()
+        return raw.encode("utf-8", "replace") if isinstance(raw, str) else raw
+
+
+class _Dropped:
+    """Stands in for a refused message: no handler is registered for its type."""
+
+
+def say_ignored(client_id, why: str) -> None:
+    """One line on stderr: what a viewer refused from a client (and keeps serving)."""
+    who = f" from client {client_id}" if client_id is not None else ""
+    print(f"rh3dgs: viewer: ignored a message{who}: {' '.join(str(why).split())}"[:400], file=sys.stderr, flush=True)
+
+
+class CheckedMessages:
+    """viser's message class as its consumer loop uses it (``deserialize``), with :func:`message_problem` and
+    decoding errors turned into a dropped message and one line instead of a closed connection."""
+
+    def __init__(self, message_class):
+        self._cls = message_class
+
+    def __getattr__(self, name):
+        return getattr(self._cls, name)
+
+    def deserialize(self, raw):
+        try:
+            message = self._cls.deserialize(raw)
+        except Exception as e:  # noqa: BLE001 - msgpack, an unknown type, missing / extra fields
+            say_ignored(None, f"it is not a viser message ({type(e).__name__}: {e})")
+            return _Dropped()
+        problem = message_problem(message)
+        if problem is not None:
+            say_ignored(None, problem)
+            return _Dropped()
+        return message
+
+
+def _one_line_errors(inner):
+    """viser's ``error_print_wrapper``: an error while a client's message is handled is one line, not a traceback."""
+    def wrapped() -> None:
+        try:
+            inner()
+        except Exception as e:  # noqa: BLE001 - a handler refusing a client's value
+            if os.environ.get("RH3DGS_DEBUG"):
+                import traceback
+
+                traceback.print_exc()
+            say_ignored(None, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
+
+    return wrapped
+
+
 def installed() -> bool:
     return _installed
 
@@ -335,6 +453,7 @@ def install(explicit_host: Optional[str] = None) -> None:
         ws = getattr(_infra, "websockets", None)
         worker = getattr(_infra.WebsockServer, "_background_worker", None)
         if ws is None or worker is None or not hasattr(_viser, "ViserServer") or \
+                not hasattr(_infra, "error_print_wrapper") or \
                 "host" not in inspect.signature(_infra.WebsockServer.__init__).parameters:
             raise RuntimeError(f"rh3dgs.viewer.guard: viser {getattr(viser, '__version__', '?')} is not laid out "
                                "like viser 0.2.7 (viser.infra._infra.WebsockServer); refusing to serve unguarded")
@@ -344,15 +463,22 @@ def install(explicit_host: Optional[str] = None) -> None:
             srv = getattr(_tls, "server", None)
             root = getattr(srv, "_http_server_root", None) if process_request is not None else None
             guard = RequestGuard(root, host, process_request)
-            return real_serve(ws_handler, host, port, *args, process_request=guard, **kwargs)
+
+            async def handler(websocket, *rest):  # viser's loop asserts binary frames: give it bytes
+                return await ws_handler(_BinaryFrames(websocket), *rest)
+
+            return real_serve(handler, host, port, *args, process_request=guard, **kwargs)
 
         @functools.wraps(worker)
         def _background_worker(self, *args, **kwargs):
             _tls.server = self  # this thread runs this server's event loop: serve() above reads it
+            if not isinstance(self._message_class, CheckedMessages):
+                self._message_class = CheckedMessages(self._message_class)  # what its consumer loop decodes with
             return worker(self, *args, **kwargs)
 
         _infra.websockets = _Delegate(ws, server=_Delegate(legacy_server, serve=serve))
         _infra.WebsockServer._background_worker = _background_worker
+        _infra.error_print_wrapper = _one_line_errors
         _wrap_host(_viser.ViserServer)
         _wrap_host(_infra.WebsockServer)
         _installed = True

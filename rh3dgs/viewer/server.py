@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
+import os
 import socket
 import sys
 import threading
@@ -23,13 +24,14 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Annotated, Dict, Optional, Tuple
 
 import numpy as np
 import torch
 
 from ..cameras import Cameras
 from ..errors import ConfigError
+from ..ranges import Range, check_fields, check_setting
 from .camera import ViewPose, cameras_from_viser, pose_from_cameras
 from .controls import QueryControls, ViserControlPanel, export_selection
 
@@ -40,26 +42,31 @@ __all__ = ["ViewerConfig", "Viewer", "RenderCache", "check_port", "initial_pose"
 
 @dataclass
 class ViewerConfig:
+    """Settings of the viewer's server (rh3dgs view)."""
+
     host: str = "127.0.0.1"
-    """Address to bind (127.0.0.1: this machine only; anything else prints a warning)."""
-    port: int = 8080
+    """Address to bind (127.0.0.1: this machine only; others print a warning)."""
+    port: Annotated[int, Range(ge=0, le=65535)] = 8080
     """TCP port; 0 picks a free one."""
-    max_res: Optional[int] = None
-    """Long side of still frames in pixels (default 512 on CPU, 1024 on CUDA)."""
-    moving_res: Optional[int] = None
-    """Long side of frames while the camera moves (default max_res / 2)."""
-    still_delay: float = 0.25
-    """Seconds without camera messages after which the camera counts as still."""
+    max_res: Optional[Annotated[int, Range(ge=8)]] = None
+    """Long side of still frames in pixels (None: 512 on CPU, 1024 on CUDA)."""
+    moving_res: Optional[Annotated[int, Range(ge=8)]] = None
+    """Long side of frames while the camera moves (None: max_res / 2)."""
+    still_delay: Annotated[float, Range(ge=0)] = 0.25
+    """Seconds without camera messages after which the camera is still."""
     output_dir: Path = Path("outputs/view")
     """Where the export button writes selections."""
-    jpeg_quality: int = 90
+    jpeg_quality: Annotated[int, Range(ge=1, le=100)] = 90
+    """JPEG quality of the still frames sent to the browser, 1-100 (moving ones: 60)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)  # every numeric field against its declared Range (rh3dgs.ranges)
 
 
 def check_port(host: str, port: int) -> int:
     """Raise :class:`ConfigError` naming the port if ``host:port`` cannot be listened on; returns the port
     (a free one when ``port`` is 0)."""
-    if not 0 <= int(port) <= 65535:
-        raise ConfigError(f"--port must be in 0..65535, got {port}")
+    check_setting(ViewerConfig, "port", port)
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
@@ -78,21 +85,17 @@ def check_port(host: str, port: int) -> int:
 
 
 def _scene_center_extent(means: torch.Tensor) -> Tuple[np.ndarray, float]:
-    m = means.detach().float().cpu()
-    m = m[torch.isfinite(m).all(-1)]
-    if len(m) == 0:
-        return np.zeros(3), 1.0
-    if len(m) > 200_000:
-        m = m[torch.linspace(0, len(m) - 1, 200_000).long()]
-    center = m.median(dim=0).values
-    extent = float(torch.quantile((m - center).norm(dim=-1), 0.9))
-    return center.numpy().astype(np.float64), max(extent, 1e-3)
+    """:func:`rh3dgs.cameras.scene_bounds` as (float64 array, extent)."""
+    from ..cameras import scene_bounds
+
+    center, extent = scene_bounds(means)
+    return center.numpy().astype(np.float64), extent
 
 
 def initial_pose(scene) -> Tuple[ViewPose, np.ndarray]:
     """(the pose to open the page at, the world up direction): the scene's first camera when it has
-    cameras (world up = the cameras' mean up vector), else a view from above one corner of the Gaussians'
-    bounding region with +z up."""
+    cameras (world up = the cameras' mean up vector), else a view of the Gaussians from 35 degrees above,
+    about the up axis :func:`rh3dgs.cameras.detect_up` finds (what ``rh3dgs render`` orbits without cameras)."""
     center, extent = _scene_center_extent(scene.gaussians.means)
     if scene.cameras is not None and len(scene.cameras):
         cams = scene.cameras
@@ -106,9 +109,12 @@ def initial_pose(scene) -> Tuple[ViewPose, np.ndarray]:
         # horizontal drag in the browser rolls the horizon
         pose.up = up
         return pose, up
-    eye = center + extent * 2.5 * np.array([1.0, 1.0, 0.7]) / np.linalg.norm([1.0, 1.0, 0.7])
-    cam = Cameras.look_at(torch.tensor(eye[None]).float(), torch.tensor(center).float(), up=(0.0, 0.0, 1.0))
-    return pose_from_cameras(cam, 0, target_distance=float(np.linalg.norm(eye - center))), np.array([0.0, 0.0, 1.0])
+    from ..cameras import AXES, detect_up, orbit_cameras
+
+    up_name, _ = detect_up(scene.gaussians.means, scene.gaussians.opacities)  # as `rh3dgs render` without cameras
+    cam = orbit_cameras(torch.tensor(center).float(), extent, up_name, views=8, width=128, height=128,
+                        elevation_deg=35.0)[1]
+    return pose_from_cameras(cam, 0, target_distance=2.5 * extent), np.array(AXES[up_name])
 
 
 class RenderCache:
@@ -206,8 +212,11 @@ class _ClientRenderer:
                 elif self.done_full != (cam, ctl):
                     self._render(cfg.max_res, full=True)
                     self.done_full = (cam, ctl)
-            except Exception as exc:  # keep serving; say what went wrong
-                traceback.print_exc(file=sys.stderr)
+            except Exception as exc:  # keep serving; say what went wrong, in one line (RH3DGS_DEBUG: traceback)
+                if os.environ.get("RH3DGS_DEBUG"):
+                    traceback.print_exc(file=sys.stderr)
+                print(f"rh3dgs: viewer: render failed for client {self.client.client_id}: {type(exc).__name__}: "
+                      f"{' '.join(str(exc).split())}"[:400], file=sys.stderr, flush=True)
                 self.info.content = f"**Render failed**: {type(exc).__name__}: {exc}"
                 self.done_full = (cam, ctl)
                 time.sleep(0.5)

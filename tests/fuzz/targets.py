@@ -128,10 +128,42 @@ def seed_dir() -> Path:
     return root
 
 
+class _Seeds(dict):
+    """The seeds; the heavier ones (a run config imports nerfstudio) made on first use."""
+
+    def __missing__(self, name: str) -> bytes:
+        if name == "ns_config":
+            import yaml
+
+            from rh3dgs.nerfstudio.config import rh3dgs_lite_config
+
+            value = yaml.dump(rh3dgs_lite_config()).encode()
+        elif name == "checkpoint":
+            buf = io.BytesIO()
+            torch.save(_checkpoint_state(), buf)
+            value = buf.getvalue()
+        elif name == "viewer_message":
+            import msgspec
+
+            value = msgspec.msgpack.encode({"type": "ViewerCameraMessage", "wxyz": [1.0, 0.0, 0.0, 0.0],
+                                            "position": [0.0, 0.0, -3.0], "fov": 0.9, "aspect": 1.0,
+                                            "look_at": [0.0, 0.0, 0.0], "up_direction": [0.0, -1.0, 0.0]})
+        else:
+            raise KeyError(name)
+        self[name] = value
+        return value
+
+
+def _checkpoint_state() -> dict:
+    g = torch.Generator().manual_seed(3)
+    return {"step": 5, "pipeline": {"_model.gauss_params.means": torch.randn(64, 3, generator=g),
+                                    "_model.decoder": torch.randn(5, 2, generator=g)}}
+
+
 def seeds() -> Dict[str, bytes]:
     """Target name -> bytes of a valid input."""
     root = seed_dir()
-    return {
+    return _Seeds({
         "ply": (root / "scene.ply").read_bytes(),
         "ply_ascii": (root / "ascii.ply").read_bytes(),
         "transforms": (root / "data" / "transforms.json").read_bytes(),
@@ -146,7 +178,8 @@ def seeds() -> Dict[str, bytes]:
         "ovs3d_poses_bounds": (root / "poses_bounds.npy").read_bytes(),
         "scannet_points": (root / "points.npy").read_bytes(),
         "lift_preset": (Path(__file__).resolve().parents[2] / "configs" / "lift-robust.yaml").read_bytes(),
-    }
+        "scene_checksum": (root / "scene" / "field.npz").read_bytes(),
+    })
 
 
 # ----------------------------------------------------------------------------- targets
@@ -199,15 +232,24 @@ def _text_embeddings(work: Path, data: bytes) -> None:
         assert torch.isfinite(v).all() and v.shape[-1] == t.dim
 
 
-def _scene(which: str) -> Callable[[Path, bytes], None]:
+def _scene(which: str, records: bool = False) -> Callable[[Path, bytes], None]:
+    """rh3dgs.load of the seed scene with ``which`` replaced by the bytes. Without ``records`` rh3dgs.json's
+    file records are dropped first (so the file's own reader meets the bytes, not the checksum); with them,
+    bytes that differ from what the scene recorded must never load."""
     def target(work: Path, data: bytes) -> None:
         import rh3dgs
 
         folder = work / "scene"
         shutil.copytree(seed_dir() / "scene", folder)
+        if not records and which != "rh3dgs.json":
+            meta = json.loads((folder / "rh3dgs.json").read_text())
+            meta.pop("files", None)
+            (folder / "rh3dgs.json").write_text(json.dumps(meta))
+        changed = (folder / which).read_bytes() != data
         # transforms.json refers to the seed image by an absolute path; fine for check_images=False
         (folder / which).write_bytes(data)
         scene = rh3dgs.load(folder)
+        assert not (records and changed), f"a changed {which} loaded although rh3dgs.json records its checksum"
         if scene.field is not None:
             rel = scene.relevancy([torch.ones(scene.field.dim)], negatives=[])
             assert torch.isfinite(rel).all()
@@ -237,6 +279,38 @@ def _scannet_points(work: Path, data: bytes) -> None:
     read_labelled_points(work / "points.npy")
 
 
+def _ns_config(work: Path, data: bytes) -> None:
+    """A run's config.yml through the loader nerfstudio's own reads use once the plugin is loaded."""
+    from rh3dgs.io.nerfstudio_run import parse_run_config
+
+    (work / "config.yml").write_bytes(data)
+    parse_run_config(data, work / "config.yml")
+
+
+def _checkpoint(work: Path, data: bytes) -> None:
+    """A checkpoint: refused, or loaded equal to what was saved (flipped bytes never load as other numbers)."""
+    from rh3dgs.io.nerfstudio_run import load_checkpoint
+
+    (work / "step-000000005.ckpt").write_bytes(data)
+    state = load_checkpoint(work / "step-000000005.ckpt")
+    want = _checkpoint_state()
+    assert state["step"] == want["step"] and all(torch.equal(state["pipeline"][k], v)
+                                                 for k, v in want["pipeline"].items()), "a damaged checkpoint loaded"
+
+
+def _viewer_message(work: Path, data: bytes) -> None:
+    """What a viewer's client sends: decoded and checked by the guard (never raises: a bad one is dropped)."""
+    import contextlib
+
+    from viser._messages import Message  # what viser's server decodes with
+
+    from rh3dgs.viewer.guard import CheckedMessages, message_problem
+
+    with contextlib.redirect_stderr(io.StringIO()):
+        m = CheckedMessages(Message).deserialize(data)
+    assert type(m).__name__ == "_Dropped" or message_problem(m) is None
+
+
 def _lift_preset(work: Path, data: bytes) -> None:
     from rh3dgs.lifting import LiftConfig
     from rh3dgs.presets import load_preset
@@ -260,6 +334,10 @@ TARGETS: Dict[str, Callable[[Path, bytes], None]] = {
     "ovs3d_poses_bounds": _ovs3d_poses,
     "scannet_points": _scannet_points,
     "lift_preset": _lift_preset,
+    "scene_checksum": _scene("field.npz", records=True),
+    "ns_config": _ns_config,
+    "checkpoint": _checkpoint,
+    "viewer_message": _viewer_message,
 }
 
 

@@ -65,7 +65,7 @@ class LerfMaskScene:
 
 def read_mask_folder(folder: PathLike) -> Dict[str, np.ndarray]:
     """{prompt: uint8 [H, W] grey mask} of every ``<prompt>.png`` in a folder (sorted by name)."""
-    from PIL import Image, UnidentifiedImageError
+    from ...io.images import open_image
 
     d = Path(folder)
     files = sorted(p for p in d.iterdir() if p.suffix.lower() == ".png") if d.is_dir() else []
@@ -74,11 +74,8 @@ def read_mask_folder(folder: PathLike) -> Dict[str, np.ndarray]:
     out: Dict[str, np.ndarray] = {}
     shape = None
     for f in files:
-        try:
-            with Image.open(f) as im:
-                m = np.array(im.convert("L"))
-        except (OSError, UnidentifiedImageError, ValueError) as exc:
-            raise LerfMaskFormatError(f, f"cannot be read as an image ({exc})") from exc
+        with open_image(f, LerfMaskFormatError) as im:
+            m = np.array(im.convert("L"))
         if shape is not None and m.shape != shape:
             raise LerfMaskFormatError(f, f"mask is {m.shape[1]}x{m.shape[0]}, the view's other masks "
                                          f"{shape[1]}x{shape[0]}")

@@ -23,6 +23,7 @@ from typing import Dict, List, Union
 import numpy as np
 
 from ...errors import InputFileError
+from ...memory import read_text_sized
 
 __all__ = ["LerfLabelError", "LerfObject", "LerfFrame", "read_lerf_label", "load_lerf_ovs", "rasterize_polygon"]
 
@@ -125,8 +126,8 @@ def read_lerf_label(path: PathLike) -> LerfFrame:
     if not p.is_file():
         raise LerfLabelError(p, "label file not found")
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8, ints over the 4300-digit limit
+        data = json.loads(read_text_sized(p, "a LERF label file"))
+    except (ValueError, RecursionError, OSError) as exc:  # JSONDecodeError, bad UTF-8, ints over the 4300-digit limit
         raise LerfLabelError(p, f"is not valid JSON ({exc})") from exc
     if not isinstance(data, dict):
         raise LerfLabelError(p, "top level must be an object with 'info' and 'objects'")

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from ...cameras import Cameras
-from ...io.npy import NPY_READ_ERRORS
+from ...io.npy import load_npy
 from ...errors import InputFileError
 
 __all__ = ["OVS3DFormatError", "OVS3DScene", "read_poses_bounds", "llff_to_opencv_viewmats", "load_ovs3d"]
@@ -87,10 +87,7 @@ def read_poses_bounds(path: PathLike) -> Tuple[np.ndarray, np.ndarray]:
     p = Path(path)
     if not p.is_file():
         raise OVS3DFormatError(p, "not found (3D-OVS scenes store LLFF poses in poses_bounds.npy)")
-    try:
-        arr = np.load(p, allow_pickle=False)
-    except NPY_READ_ERRORS as exc:
-        raise OVS3DFormatError(p, f"cannot be read as .npy ({exc})") from exc
+    arr = load_npy(p, OVS3DFormatError, "LLFF pose array")
     if arr.ndim != 2 or arr.shape[1] != 17 or arr.shape[0] < 1:
         raise OVS3DFormatError(p, f"must be a float array [N, 17] (3x5 pose + near, far), got shape {list(arr.shape)}",
                                field="shape")
@@ -145,14 +142,11 @@ def _read_classes(path: Path) -> List[str]:
 
 
 def _read_mask(path: Path) -> np.ndarray:
-    from PIL import Image, UnidentifiedImageError
+    from ...io.images import open_image
 
-    try:
-        with Image.open(path) as im:
-            im.load()
-            a = np.array(im.convert("L") if im.mode not in ("L", "1", "I", "I;16") else im)
-    except (OSError, UnidentifiedImageError) as exc:
-        raise OVS3DFormatError(path, f"cannot be read as an image ({exc})") from exc
+    with open_image(path, OVS3DFormatError) as im:
+        im.load()
+        a = np.array(im.convert("L") if im.mode not in ("L", "1", "I", "I;16") else im)
     if a.ndim != 2:
         raise OVS3DFormatError(path, f"mask must be single-channel, got shape {list(a.shape)}")
     return a > 127 if a.dtype != bool else a
@@ -160,7 +154,7 @@ def _read_mask(path: Path) -> np.ndarray:
 
 def load_ovs3d(root: PathLike, image_dir: str = "images", load_masks: bool = True) -> OVS3DScene:
     """Read a 3D-OVS scene folder (layout and conventions in the module docstring)."""
-    from PIL import Image, UnidentifiedImageError
+    from ...io.images import open_image
 
     r = Path(root)
     if not r.is_dir():
@@ -173,11 +167,8 @@ def load_ovs3d(root: PathLike, image_dir: str = "images", load_masks: bool = Tru
     if len(images) != len(poses):
         raise OVS3DFormatError(r / "poses_bounds.npy", f"{len(poses)} poses for {len(images)} images in {idir}",
                                field="rows")
-    try:
-        with Image.open(images[0]) as im:
-            W, H = im.size
-    except (OSError, UnidentifiedImageError) as exc:
-        raise OVS3DFormatError(images[0], f"cannot be read as an image ({exc})") from exc
+    with open_image(images[0], OVS3DFormatError) as im:
+        W, H = im.size
     h0, w0, f = poses[:, 0, 4], poses[:, 1, 4], poses[:, 2, 4]
     Ks = torch.zeros(len(poses), 3, 3)
     Ks[:, 0, 0] = torch.from_numpy(f * W / w0).float()

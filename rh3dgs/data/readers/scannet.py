@@ -28,7 +28,7 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ...io.npy import NPY_READ_ERRORS
+from ...io.npy import load_npy, load_npz
 from ...errors import InputFileError
 
 __all__ = ["PointLabelError", "read_labelled_points", "nearest_gaussian", "transfer_predictions_to_points",
@@ -84,12 +84,10 @@ def read_labelled_points(path: PathLike, label_field: Optional[str] = None,
         pts = np.stack([np.asarray(v[c], dtype=np.float64) for c in "xyz"], -1)
         raw = np.asarray(v[field])
     elif suf in (".npy", ".npz"):
-        try:
-            data = np.load(p, allow_pickle=False)
-        except NPY_READ_ERRORS as exc:
-            raise PointLabelError(p, f"cannot be read with numpy ({exc})") from exc
+        data = (load_npz(p, PointLabelError, "labelled points") if suf == ".npz"
+                else load_npy(p, PointLabelError, "labelled points"))
         if suf == ".npz":
-            keys = set(data.files)
+            keys = set(data)
             for k in ("points", "labels"):
                 if k not in keys:
                     raise PointLabelError(p, f"missing array (has {sorted(keys)})", field=k)
