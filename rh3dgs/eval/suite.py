@@ -294,7 +294,7 @@ def _row_dir_name(name: str) -> str:
 #: Settings fields added after records were made, at the value that reproduces those records: a field at that value
 #: is left out of the fingerprint, so adding a field (at its neutral value) keeps earlier records valid. Any other
 #: value, or a changed default of an older field, changes the fingerprint.
-NEUTRAL_SETTINGS: Dict[str, object] = {"selection": SelectionConfig()}
+NEUTRAL_SETTINGS: Dict[str, object] = {"selection": SelectionConfig(), "checkpoint_every": 50}
 
 
 def _canonical(obj):
