@@ -109,6 +109,16 @@ def current() -> Optional[DistInfo]:
                     device=device)
 
 
+def rank_world() -> Tuple[int, int]:
+    """``(rank, world size)`` of the initialised default process group (a group of one rank included); RuntimeError
+    when none is initialised."""
+    dist = _dist()
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("no initialised torch.distributed process group (see rh3dgs.distributed."
+                           "process_group_from_env)")
+    return dist.get_rank(), dist.get_world_size()
+
+
 def shard(n: int, world: int, rank: int) -> Tuple[int, int]:
     """``[start, end)`` of rank ``rank``'s contiguous share of ``n`` items (the first ``n % world`` shares one larger).
 

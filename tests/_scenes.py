@@ -67,3 +67,16 @@ def random_lift_scene(n: int = 300, views: int = 4, size: int = 40, D: int = 8, 
     cams = Cameras.look_at(eyes, torch.zeros(3), width=size, height=size)
     maps = torch.nn.functional.normalize(torch.randn(views, size // 4, size // 4, D, generator=g) + map_offset, dim=-1)
     return gs, cams, maps
+
+
+def synthetic_dataset(root, views: int, size: int, density: float, teacher: bool = True, **scene):
+    """The synthetic scene (``SceneConfig(num_views=views, image_size=size, gaussians_per_unit_area=density,
+    **scene)``) written as a dataset at ``root``, with the simulated teacher's maps when ``teacher``; returns root."""
+    from rh3dgs.data.synthetic import SceneConfig, make_scene, write_dataset
+    from rh3dgs.data.teacher_sim import simulate_teacher
+
+    write_dataset(make_scene(SceneConfig(num_views=views, image_size=size, gaussians_per_unit_area=density, **scene)),
+                  root, progress=False)
+    if teacher:
+        simulate_teacher(root, progress=False)
+    return root

@@ -24,6 +24,7 @@ pytest.importorskip("nerfstudio")
 pytest.importorskip("gsplat")
 
 from rh3dgs.nerfstudio import METHOD_CONFIGS_ENV, METHOD_ENTRY_POINTS  # noqa: E402
+from _scenes import synthetic_dataset
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -41,14 +42,7 @@ def _ns_env() -> dict:
 
 def _make_dataset(root: Path, views: int = 8, size: int = 64, density: float = 6000.0, heldout: int = 0) -> Path:
     """A synthetic dataset with a simulated teacher; ``heldout`` > 0: that many held-out views (the eval split)."""
-    from rh3dgs.data.synthetic import SceneConfig, make_scene, write_dataset
-    from rh3dgs.data.teacher_sim import simulate_teacher
-
-    scene = make_scene(SceneConfig(num_views=views, image_size=size, gaussians_per_unit_area=density,
-                                   heldout_views=heldout))
-    write_dataset(scene, root, progress=False)
-    simulate_teacher(root, progress=False)
-    return root
+    return synthetic_dataset(root, views, size, density, heldout_views=heldout)
 
 
 @pytest.fixture(scope="module")

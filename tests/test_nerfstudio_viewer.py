@@ -28,18 +28,13 @@ pytest.importorskip("gsplat")
 
 from rh3dgs.nerfstudio import METHOD_CONFIGS_ENV  # noqa: E402
 from rh3dgs.viewer import controls as C  # noqa: E402
+from _scenes import synthetic_dataset
 
 VENV_BIN = Path(sys.executable).parent
 
 
 def _make_dataset(root: Path, views: int, size: int, density: float) -> Path:
-    from rh3dgs.data.synthetic import SceneConfig, make_scene, write_dataset
-    from rh3dgs.data.teacher_sim import simulate_teacher
-
-    scene = make_scene(SceneConfig(num_views=views, image_size=size, gaussians_per_unit_area=density))
-    write_dataset(scene, root, progress=False)
-    simulate_teacher(root, progress=False)
-    return root
+    return synthetic_dataset(root, views, size, density)
 
 
 @pytest.fixture(scope="module")

@@ -19,17 +19,13 @@ from rh3dgs.data.teacher_sim import (
     upsample_feature_map,
 )
 from rh3dgs.errors import ConfigError, InputFileError, ShapeError
+from _scenes import synthetic_dataset
 
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> Path:
     """A small rendered synthetic dataset (3 views, 64 x 64)."""
-    from rh3dgs.data.synthetic import SceneConfig, make_scene, write_dataset
-
-    root = tmp_path_factory.mktemp("synth") / "data"
-    scene = make_scene(SceneConfig(num_views=3, image_size=64, gaussians_per_unit_area=2000))
-    write_dataset(scene, root, progress=False)
-    return root
+    return synthetic_dataset(tmp_path_factory.mktemp("synth") / "data", 3, 64, 2000, teacher=False)
 
 
 def load_views(root: Path):

@@ -24,18 +24,12 @@ from rh3dgs.teachers import (
     make_teacher,
     teacher_cache_dir,
 )
+from _scenes import synthetic_dataset
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    from rh3dgs.data.synthetic import SceneConfig, make_scene, write_dataset
-    from rh3dgs.data.teacher_sim import simulate_teacher
-
-    root = tmp_path_factory.mktemp("maps") / "scene"
-    scene = make_scene(SceneConfig(num_views=10, image_size=32, gaussians_per_unit_area=800.0))
-    write_dataset(scene, root, progress=False)
-    simulate_teacher(root, progress=False)
-    return root
+    return synthetic_dataset(tmp_path_factory.mktemp("maps") / "scene", 10, 32, 800.0)
 
 
 def test_one_default_cache_folder(data):

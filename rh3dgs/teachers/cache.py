@@ -188,24 +188,13 @@ def _encode_entry(fmap: torch.Tensor, image: Path, dim: int) -> Tuple[bytes, Tup
     return buf.getvalue(), arr.shape
 
 
-def _dist_rank_world() -> Tuple[int, int]:
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError("extract_features(distributed=True) needs an initialised torch.distributed process "
-                           "group (see rh3dgs.distributed.process_group_from_env)")
-    return dist.get_rank(), dist.get_world_size()
-
-
 def _map_sharded(fn, items: Sequence[Any], rank: int, world: int) -> List[Any]:
     """``[fn(x) for x in items]``, rank ``r`` computing ``items[r::world]`` (collective when world > 1)."""
     if world == 1:
         return [fn(x) for x in items]
-    import torch.distributed as dist
+    from ..distributed import all_gather_object
 
-    mine = [fn(x) for x in items[rank::world]]
-    shards: List[Any] = [None] * world
-    dist.all_gather_object(shards, mine)
+    shards = all_gather_object([fn(x) for x in items[rank::world]])
     out: List[Any] = [None] * len(items)
     for r, shard in enumerate(shards):
         out[r::world] = shard
@@ -238,7 +227,12 @@ def extract_features(teacher: Teacher, image_paths: Sequence[PathLike], cache_di
     for p in images:
         if not p.is_file():
             raise InputFileError(p, "image file not found")
-    rank, world = _dist_rank_world() if distributed else (0, 1)
+    if distributed:
+        from ..distributed import rank_world
+
+        rank, world = rank_world()
+    else:
+        rank, world = 0, 1
     folder = teacher_cache_dir(teacher, cache_dir)
     folder.mkdir(parents=True, exist_ok=True)
     key = teacher.cache_key()
@@ -291,13 +285,12 @@ def extract_features(teacher: Teacher, image_paths: Sequence[PathLike], cache_di
 
     computed_by_rank = [len(mine)]
     if world > 1:
-        import torch.distributed as dist
+        from ..distributed import all_gather_object, barrier
 
-        computed_by_rank = [0] * world
-        dist.all_gather_object(computed_by_rank, len(mine))  # also the barrier: every journal is written
+        computed_by_rank = all_gather_object(len(mine))  # also the barrier: every journal is written
         if rank == 0 and (any(computed_by_rank) or _part_files(folder)):
             _write_manifest(folder, teacher, {}, absorb_parts=True)
-        dist.barrier()  # the manifest is complete before any rank returns
+        barrier()  # the manifest is complete before any rank returns
 
     if stats is not None:
         stats.update(images=len(images), computed=len(todo), reused=len(unique) - len(todo), invalid=invalid)
