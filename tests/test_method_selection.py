@@ -2,6 +2,7 @@
 check loss is never above the start's."""
 import pytest
 import torch
+from _scenes import rendered_labels
 
 from rh3dgs.data.synthetic import SceneConfig, make_scene
 from rh3dgs.data.teacher_sim import TeacherSimConfig, simulate_feature_maps
@@ -9,19 +10,14 @@ from rh3dgs.distill import DistillConfig, distill
 from rh3dgs.errors import ConfigError
 from rh3dgs.method.objective import ObjectiveConfig, SemanticObjective
 from rh3dgs.method.selection import (SelectionConfig, _credit, check_loss, check_view_indices, select_field)
-from rh3dgs.rendering import fixed_views, render
+from rh3dgs.rendering import fixed_views
 
 
 @pytest.fixture(scope="module")
 def scene_maps():
     scene = make_scene(SceneConfig(gaussians_per_unit_area=300, image_size=32, num_views=8))
     K = len(scene.class_names)
-    onehot = torch.nn.functional.one_hot(scene.class_ids, K).float()
-    with torch.no_grad():
-        r = render(scene.gaussians, scene.cameras, onehot, rgb=False)
-    lab = r.features.argmax(-1)
-    lab[r.alpha < 0.5] = 255
-    depth = torch.where(r.alpha > 0.5, r.depth, torch.zeros_like(r.depth))
+    lab, depth = rendered_labels(scene)
     maps = simulate_feature_maps(lab, depth, TeacherSimConfig(dim=16, patch_size=4, seed=3), num_classes=K)
     return scene, maps, fixed_views(scene.gaussians, scene.cameras)
 
