@@ -72,8 +72,7 @@ class SelectionConfig:
     gaussian_fallback: bool = True
     """Per-Gaussian fallback to the lift where training raised the check loss."""
     fallback_t: Annotated[float, Range(ge=0)] = 2.0
-    """A Gaussian falls back when its check-loss increase is this many standard errors above 0 (``g_i > t sigma /
-    sqrt(n_i)``: ``sigma`` the spread of the cells' loss changes, ``n_i`` the check cells' worth of weight it has)."""
+    """A Gaussian falls back when its check-loss increase is over this many standard errors (g_i > t sigma / sqrt(n_i))."""
     refit: bool = True
     """Train again on every view, from the lift of every view, for the selected number of steps, and apply the check
     run's decisions (lift, trained, or per Gaussian) to that field: the check views' information is not lost."""
