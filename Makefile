@@ -53,4 +53,6 @@ clean:
 
 .PHONY: bench-quality
 bench-quality: install
-	$(VENV)/bin/rh3dgs eval --suite synthetic --output docs/results --markdown docs/results.md --work outputs/eval_suite_work --overwrite
+	$(VENV)/bin/rh3dgs eval --suite synthetic --part dev --threads 1 --output outputs/eval_suite_dev --overwrite
+	$(VENV)/bin/rh3dgs eval --suite synthetic --part test --threads 1 --output outputs/eval_suite_test --overwrite
+	$(VENV)/bin/rh3dgs eval --suite synthetic --combine outputs/eval_suite_dev outputs/eval_suite_test --markdown docs/results.md --overwrite

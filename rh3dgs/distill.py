@@ -23,6 +23,12 @@ trains - on renders of fixed Gaussians: the semantic half of the paper's
   generator; the whole run is deterministic for a given ``seed`` on CPU.
 * *Validity*: with ``init="lift"`` the lift's ``valid`` (observed) mask; with ``init="pca"`` a
   Gaussian is valid when its total compositing weight over covered pixels is ``>= min_weight``.
+* *Selection* (``objective.selection``, :mod:`rh3dgs.method.selection`; ``init="lift"`` only): the check views'
+  maps are held out of the run, which starts from the lift of the other views; the field of the step with the
+  lowest check loss is compared with that lift, as a whole and per Gaussian, and (``refit``) a second run from
+  the lift of every view on every view, as long as the first took to its selected step, gets those decisions.
+  ``info`` reports ``selected_step``, ``fallback_fraction``, ``check_views`` and ``selection``. One process, no
+  ``checkpoint`` (refused otherwise).
 
 **Past one process** (inside a ``torch.distributed`` group of K ranks, e.g. ``torchrun --nproc_per_node=K -m
 rh3dgs.cli distill ...``; collectives in :mod:`rh3dgs.distributed`): rank r keeps the fixed views of its
@@ -40,7 +46,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Dict, List, Optional, Tuple, Union
 
@@ -57,6 +63,7 @@ from .io.atomic import atomic_write
 from .lifting import LiftConfig, initial_field, pca_decoder
 from .lifting.checkpoint import ResumeFolder, fingerprint
 from .method.objective import ObjectiveConfig, SemanticObjective
+from .method.selection import CheckViews, apply_decisions, check_view_indices, fit_lift, lift_latents
 from .progress import track
 from .rendering import FixedViews, fixed_views
 from .teachers.maps import TeacherMaps, get_map, prepare_maps, region_fraction
@@ -170,6 +177,92 @@ def _start(gaussians: Gaussians, cameras: Cameras, teacher_maps: TeacherMaps, cf
     return latents0.to(dev), decoder0, lift_res.valid.to(dev), lift_res
 
 
+def _pixel_loss(step: int, idx: List[int], lat: Tensor, decoder: Tensor, objective: SemanticObjective,
+                views: FixedViews, teacher_maps: TeacherMaps, regions: Dict[int, Tensor], ranks: "_Ranks",
+                size: Tuple[int, int]) -> Tuple[Tensor, Dict[str, float]]:
+    """One step's pixel term (the objective on the step's views ``idx`` this process renders; 0 without any) and
+    its parts; the teacher's regions are read once per view into ``regions``."""
+    mine = ranks.mine(idx)  # the step's views this process renders (all of them in one process)
+    if not mine:
+        return lat.new_zeros(()), {}
+    teacher = torch.stack([torch.as_tensor(get_map(teacher_maps, i)).to(lat.device).float() for i in mine])
+    if objective.uses_regions:
+        for i, t in zip(mine, teacher):
+            if i not in regions:
+                regions[i] = region_fraction(t, size)
+    rows = ranks.rows(mine)
+    return objective(step, views.render(lat, rows), views.alpha[rows], views.d1[rows], views.d2[rows], decoder,
+                     teacher, torch.stack([regions[i] for i in mine]) if objective.uses_regions else None,
+                     totals=ranks.totals(idx))
+
+
+class _Selection:
+    """distill()'s check views (:mod:`rh3dgs.method.selection`): the start from the lift of the other views, the
+    check loss after the steps it is due and, at the end, the field chosen (and refitted on every view)."""
+
+    def __init__(self, checks: CheckViews, fit: List[int], reference: Tensor, lift_all: Tensor):
+        self.checks, self.fit, self.reference, self.lift_all = checks, fit, reference, lift_all
+
+    @staticmethod
+    def check(cfg: DistillConfig, ranks: "_Ranks", checkpoint) -> None:
+        """Before any work: the check run's best step is no part of a checkpoint, its views no rank's share."""
+        if cfg.init == "lift" and cfg.objective.selection.on and (ranks.group is not None or checkpoint is not None):
+            raise ConfigError("distill: objective.selection (check views) runs in one process without checkpoints; "
+                              "turn it off (check_fraction=0) for a distributed or checkpointed run")
+
+    @classmethod
+    def start(cls, cfg: DistillConfig, objective: SemanticObjective, views: FixedViews, teacher_maps: TeacherMaps,
+              gaussians: Gaussians, cameras: Cameras, raw: Tensor, live: Tensor, decoder: Tensor
+              ) -> Optional["_Selection"]:
+        """None when the selection is off (or ``init="pca"``); else the check views, and ``raw`` set to the lift of
+        the other views (neither the start nor training sees a check view)."""
+        ids = check_view_indices(len(cameras), cfg.objective.selection.check_fraction) if cfg.init == "lift" else []
+        if not ids:
+            return None
+        dev = views.alpha.device
+        teacher = [torch.as_tensor(get_map(teacher_maps, i)).to(dev).float() for i in ids]
+        size = (int(cameras.height), int(cameras.width))
+        regions = [region_fraction(t, size) for t in teacher] if objective.uses_regions else None
+        lift_all = objective.gaussian_latents(raw.detach()) * live
+        fit_res = fit_lift(gaussians, cameras, teacher_maps, ids, replace(cfg.lift, latent_dim=cfg.latent_dim))
+        reference = torch.where(fit_res.valid.to(dev)[:, None], lift_latents(fit_res, decoder.detach()), lift_all)
+        with torch.no_grad():
+            raw.copy_(reference)
+        fit = [v for v in range(len(cameras)) if v not in ids]
+        return cls(CheckViews(objective, lambda: views, ids, teacher, regions), fit, reference, lift_all)
+
+    @torch.no_grad()
+    def after_step(self, step: int, steps: int, objective: SemanticObjective, raw: Tensor, live: Tensor,
+                   decoder: Tensor) -> None:
+        if self.checks.due(step, steps):
+            self.checks.measure(step, objective.gaussian_latents(raw) * live, objective.background, decoder)
+
+    def finish(self, lat: Tensor, objective: SemanticObjective, dec: Tensor, gaussians, cameras, teacher_maps,
+               cfg: DistillConfig, lift_res, views) -> Tuple[Tensor, Dict[str, object]]:
+        """The field chosen and what was decided; with ``refit``, trained again from the lift on every view for the
+        selected number of steps (none when the lift won) with the check run's decisions applied."""
+        lat, sel = self.checks.finish(self.reference, lat, objective.background, dec, self.lift_all)
+        sel["check_views"] = self.checks.ids
+        if not cfg.objective.selection.refit:
+            return lat, sel
+        steps = 0 if sel["choice"] == "lift" else int(sel["selected_step"] or cfg.steps)
+        if steps == 0:
+            return self.lift_all, sel
+        objective_cfg = replace(cfg.objective, selection=replace(cfg.objective.selection, check_fraction=0.0))
+        with torch.enable_grad():  # called where the first run's result is read, under no_grad
+            again = distill(gaussians, cameras, teacher_maps, replace(cfg, steps=steps, objective=objective_cfg,
+                                                                      view_order=None), init_lift=lift_res, views=views)
+        return apply_decisions(sel, again.latents, self.lift_all), sel
+
+
+def _selection_info(sel: Dict[str, object]) -> Dict[str, object]:
+    """What the suite reports of a run's selection (:func:`rh3dgs.method.selection.select_field`)."""
+    if not sel:
+        return {}
+    return {"selected_step": sel["selected_step"], "fallback_fraction": sel["fallback_fraction"],
+            "check_views": sel["check_views"], "selection": {k: sel[k] for k in ("choice", "check_loss", "check_history")}}
+
+
 def distill(
     gaussians: Gaussians,
     cameras: Cameras,
@@ -206,6 +299,7 @@ def distill(
     if cfg.view_order is not None and max(cfg.view_order) >= B:
         raise ConfigError(f"DistillConfig.view_order names view {max(cfg.view_order)}, there are {B}")
     ranks = _Ranks(current() if distributed is not False else None, B)
+    _Selection.check(cfg, ranks, checkpoint)
     views = ranks.fixed_views(views, gaussians, cameras, cfg.tile_size)  # this process's views
     saved = None if checkpoint is None else _Checkpoints.of(Path(checkpoint), gaussians, cameras, cfg, init_lift, ranks)
     state = saved.load(dev) if saved is not None else None
@@ -228,6 +322,8 @@ def distill(
     opt = torch.optim.Adam(groups)
     valid_idx = torch.nonzero(valid).flatten()
     live = valid[:, None].to(raw.dtype)  # Gaussians without a feature stay at 0 and get no gradient
+    sel = _Selection.start(cfg, objective, views, teacher_maps, gaussians, cameras, raw, live, decoder)
+    fit = sel.fit if sel is not None else list(range(B))  # the views the semantic loss reads
     means = gaussians.means.detach()
     colors = gaussians.base_colors  # LIC's appearance positives
     order: List[int] = []
@@ -245,22 +341,13 @@ def distill(
     for step in track(range(first, cfg.steps), description=f"distill: {cfg.objective.label}",
                       disable=not progress or not ranks.is_main):
         if len(order) < cfg.views_per_step:
-            order += list(cfg.view_order) if cfg.view_order is not None else torch.randperm(B, generator=gen).tolist()
+            order += list(cfg.view_order) if cfg.view_order is not None else [
+                fit[k] for k in torch.randperm(len(fit), generator=gen).tolist()]
         idx, order = order[:cfg.views_per_step], order[cfg.views_per_step:]
+        idx = [i for i in idx if i in fit]  # a replayed order's check views: LIC only, as ns-train's steps on them
         opt.zero_grad(set_to_none=True)
         lat = objective.gaussian_latents(raw) * live
-        mine = ranks.mine(idx)  # the step's views this process renders (all of them in one process)
-        loss, parts = lat.new_zeros(()), {}
-        if mine:
-            teacher = torch.stack([torch.as_tensor(get_map(teacher_maps, i)).to(dev).float() for i in mine])
-            if objective.uses_regions:  # the teacher's regions, read once per view
-                for i, t in zip(mine, teacher):
-                    if i not in regions:
-                        regions[i] = region_fraction(t, (H, W))
-            rows = ranks.rows(mine)
-            loss, parts = objective(step, views.render(lat, rows), views.alpha[rows], views.d1[rows], views.d2[rows],
-                                    decoder, teacher, torch.stack([regions[i] for i in mine]) if objective.uses_regions
-                                    else None, totals=ranks.totals(idx))
+        loss, parts = _pixel_loss(step, idx, lat, decoder, objective, views, teacher_maps, regions, ranks, (H, W))
         l_sem = float(loss.detach())
         lc = objective.lic_loss(step, lat, decoder, means, subset=valid_idx, colors=colors) if ranks.is_main else \
             lat.new_zeros(())  # LIC reads the latents only (every rank has them): counted once, on rank 0
@@ -270,6 +357,8 @@ def distill(
         ranks.sum_gradients(opt)  # the step's gradient over the whole batch: one all_reduce (none in one process)
         opt.step()
         local.append({"step": step, "loss": float(loss.detach()), "sem": l_sem, "lic": float(lc.detach()), **parts})
+        if sel is not None:
+            sel.after_step(step, cfg.steps, objective, raw, live, decoder)
         if saved is not None and saved.due(step + 1, cfg.steps):
             history += ranks.merge(local)
             local = []
@@ -279,10 +368,14 @@ def distill(
     with torch.no_grad():
         lat = objective.gaussian_latents(raw.detach()) * live
         dec = decoder.detach()
+        selection = {}
+        if sel is not None:
+            lat, selection = sel.finish(lat, objective, dec, gaussians, cameras, teacher_maps, cfg, lift_res, views)
         feats = F.normalize(lat @ dec.T, dim=-1)
     info = {"label": cfg.label, "steps": cfg.steps, "views": B, "gaussians": N, "valid": int(valid.sum()),
             "seconds": time.perf_counter() - t0, "seconds_init": t_init, "init": cfg.init,
-            "final_loss": history[-1]["loss"] if history else math.nan, **ranks.info(lift_res)}
+            "final_loss": history[-1]["loss"] if history else math.nan, **ranks.info(lift_res),
+            **_selection_info(selection)}
     if state is not None:
         info["resumed_at_step"] = int(first)
     return DistillResult(lat, dec, feats, valid, history, info, lift_res)

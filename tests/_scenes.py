@@ -80,3 +80,17 @@ def synthetic_dataset(root, views: int, size: int, density: float, teacher: bool
     if teacher:
         simulate_teacher(root, progress=False)
     return root
+
+
+def rendered_labels(scene, cameras=None):
+    """A synthetic scene's class map and depth per view, rendered from its Gaussians: ``(labels [B, H, W] with 255
+    where the accumulated opacity is below 0.5, depth [B, H, W] with 0 there)``, what the teacher simulators read."""
+    from rh3dgs.rendering import render
+
+    cameras = scene.cameras if cameras is None else cameras
+    onehot = torch.nn.functional.one_hot(scene.class_ids, len(scene.class_names)).float()
+    with torch.no_grad():
+        r = render(scene.gaussians, cameras, onehot, rgb=False)
+    lab = r.features.argmax(-1)
+    lab[r.alpha < 0.5] = 255
+    return lab, torch.where(r.alpha > 0.5, r.depth, torch.zeros_like(r.depth))

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from _scenes import rendered_labels
 
 from rh3dgs.data.synthetic import SceneConfig, make_scene
 from rh3dgs.data.teacher_sim import TeacherSimConfig, make_prototypes, simulate_feature_maps
@@ -17,12 +18,7 @@ from rh3dgs.rendering import render
 def tiny():
     scene = make_scene(SceneConfig(gaussians_per_unit_area=300, image_size=32, num_views=6))
     K = len(scene.class_names)
-    onehot = torch.nn.functional.one_hot(scene.class_ids, K).float()
-    with torch.no_grad():
-        r = render(scene.gaussians, scene.cameras, onehot, rgb=False)
-    lab = r.features.argmax(-1)
-    lab[r.alpha < 0.5] = 255
-    depth = torch.where(r.alpha > 0.5, r.depth, torch.zeros_like(r.depth))
+    lab, depth = rendered_labels(scene)
     tcfg = TeacherSimConfig.clean(dim=16, patch_size=4)
     maps = simulate_feature_maps(lab, depth, tcfg, num_classes=K)
     protos = torch.from_numpy(make_prototypes(K, tcfg).classes).float()
@@ -92,20 +88,11 @@ def test_teacher_resolution_objective_sharpens_the_lift():
     scene = make_scene(SceneConfig(gaussians_per_unit_area=900, image_size=64, num_views=12, heldout_views=4,
                                    orbit_radius=2.5))
     K = len(scene.class_names)
-    onehot = torch.nn.functional.one_hot(scene.class_ids, K).float()
-
-    def labels(cams):
-        with torch.no_grad():
-            r = render(scene.gaussians, cams, onehot, rgb=False)
-        lab = r.features.argmax(-1)
-        lab[r.alpha < 0.5] = 255
-        return lab, torch.where(r.alpha > 0.5, r.depth, torch.zeros_like(r.depth))
-
-    lab, depth = labels(scene.cameras)
+    lab, depth = rendered_labels(scene)
     tcfg = TeacherSimConfig.clean(dim=16, patch_size=8, bleed=1.0)
     grid = simulate_feature_maps(lab, depth, tcfg, num_classes=K)  # [12, 8, 8, 16]: the teacher's own grid
     protos = torch.from_numpy(make_prototypes(K, tcfg).classes).float()
-    test_lab, _ = labels(scene.heldout_cameras)
+    test_lab, _ = rendered_labels(scene, scene.heldout_cameras)
 
     def held_out_accuracy(lat, dec):
         with torch.no_grad():

@@ -47,7 +47,7 @@ def test_quick_suite_writes_table(quick_suite):
     text = (out / "results.md").read_text()
     assert "## Paired comparisons" in text and "| comparison | mIoU | mBIoU | 3D mIoU |" in text
     assert "held-out" in text
-    for png in ("paired_differences.png", "worst_classes.png", "qualitative_layout0_clip-moderate.png"):
+    for png in ("paired_differences.png", "worst_classes.png", "qualitative_synthetic00_tabletop_clip-moderate.png"):
         assert (out / png).is_file() and (out / png).stat().st_size > 10_000, png
         assert f"](out/{png})" in md.read_text()
     # wall time: a few minutes on an idle 2-core machine (not asserted: shared CI machines vary 10x)
@@ -59,8 +59,8 @@ def test_eval_scene_cli_and_perfect_field(quick_suite, tmp_path):
     from rh3dgs.io.scene import save_scene
 
     out, _ = quick_suite
-    data = out / "work" / "layout0" / "data"
-    row = out / "work" / "layout0" / "clip-moderate" / "robust_lift_plus_VCD"
+    data = out / "work" / "tabletop_seed0_10v" / "data"
+    row = out / "work" / "tabletop_seed0_10v" / "clip-moderate" / "robust_lift_plus_VCD"
     assert _eval([str(row), "--data", str(data), "--output", str(tmp_path / "ev")]).main() == 0
     ev = json.loads((tmp_path / "ev" / "eval.json").read_text())
     assert 0.3 < ev["miou"] <= 1.0 and "miou_3d" in ev and "miou_3d_nofill" in ev
@@ -105,6 +105,33 @@ def test_peak_memory_sees_an_allocation():
         x += 1
         del x
     assert pm.peak_bytes > 100 * 2 ** 20
+
+
+@pytest.mark.slow
+def test_a_part_runs_its_pairs_and_resumes(tmp_path):
+    """A pair of the development part (a mask teacher at one granularity per view, 6 training views) through the
+    named steps; a rerun reads every record back, a changed setting recomputes only the rows it changes."""
+    from rh3dgs.eval.families import part_pairs
+    from rh3dgs.eval.rows import LIFT_OURS, TRAINED_ISSUE16
+
+    pair = part_pairs("dev")[32]
+    assert (pair.teacher, pair.views) == ("sam-multilevel", 6)
+    cfg = SuiteConfig(part="dev", pairs=(32,), image_size=32, gaussians_per_unit_area=300.0, heldout_views=2,
+                      distill_steps=6, rows=(LIFT_OURS, TRAINED_ISSUE16), qualitative=None, save_scenes="none")
+    s1 = run_suite(tmp_path / "o", cfg, progress=False)
+    assert s1["complete"] and [r["row"] for r in s1["runs"]] == [LIFT_OURS, TRAINED_ISSUE16]
+    assert {(r["scene"], r["teacher"], r["views"], r["seed"]) for r in s1["runs"]} == {
+        (pair.scene, pair.teacher, 6, pair.seed)}
+    tr = s1["transitions"][0]["data"]
+    assert tr["pixels"] > 0 and 0 <= tr["fixed"] + tr["broken"] <= tr["pixels"]
+    records = sorted((tmp_path / "o" / "runs").rglob("*.json"))
+    stamps = [p.stat().st_mtime_ns for p in records]
+    s2 = run_suite(tmp_path / "o", cfg, progress=False)
+    assert [p.stat().st_mtime_ns for p in records] == stamps and s2["runs"] == s1["runs"]
+    s3 = run_suite(tmp_path / "o", SuiteConfig(**{**cfg.__dict__, "distill_steps": 7}), progress=False)
+    assert [r["seconds"] for r in s3["runs"]][0] == s1["runs"][0]["seconds"]  # the lift is read back
+    assert s3["runs"][1]["fingerprint"] != s1["runs"][1]["fingerprint"]
+    assert "## Where training moves the held-out pixels" in (tmp_path / "o" / "results.md").read_text()
 
 
 def test_markdown_report_keeps_its_hand_written_part(tmp_path):

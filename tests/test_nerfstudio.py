@@ -448,7 +448,8 @@ def test_rotate_sh_matches_rotated_evaluation():
 
 
 # ---------------------------------------------------------------------------- end to end
-def test_ns_train_trains_the_field_distill_trains(tmp_path):
+@pytest.mark.parametrize("selection", [False, True], ids=["default", "selection"])
+def test_ns_train_trains_the_field_distill_trains(tmp_path, selection):
     """Acceptance (issue 16): ``ns-train rh3dgs``'s model and pipeline, run by nerfstudio's Trainer on CPU, train a
     field whose held-out mIoU is within 1 point of :func:`rh3dgs.distill.distill`'s on the same scene, with the same
     objective (:class:`rh3dgs.method.objective.ObjectiveConfig` defaults), the same lift start, steps, learning rates and
@@ -460,15 +461,20 @@ def test_ns_train_trains_the_field_distill_trains(tmp_path):
     points as splatfacto initialises them), in nerfstudio's frame; what stays different is only the machinery
     (nerfstudio's optimizers and callbacks, one render pass with RGB vs distill's fixed compositing weights);
     distill() replays ns-train's camera order (``DistillConfig.view_order``). Scored on the 4 held-out views with
-    :func:`rh3dgs.eval.scoring.score_views` (the suite's 2D scoring) against the ground-truth class masks.
+    :func:`rh3dgs.eval.scoring.score_views` (the suite's 2D scoring) against the ground-truth class masks. With the
+    objective's selection (``selection``, :mod:`rh3dgs.method.selection`, off by default) both hold out the same two
+    check views, start from the lift of the other views, choose the same way and refit on every view.
     """
     import numpy as np
     from PIL import Image
 
     from rh3dgs.data.synthetic import SceneConfig, make_scene, write_dataset
     from rh3dgs.data.teacher_sim import simulate_teacher
+    from dataclasses import replace
+
     from rh3dgs.distill import DistillConfig, distill
     from rh3dgs.eval.scoring import score_views
+    from rh3dgs.method.selection import SelectionConfig, check_view_indices, fit_lift, lift_latents
     from rh3dgs.field import SemanticField
     from rh3dgs.nerfstudio.pipeline import train_cameras_as_rh3dgs
     from rh3dgs.rendering import render
@@ -482,6 +488,9 @@ def test_ns_train_trains_the_field_distill_trains(tmp_path):
     c.steps_per_eval_image = c.steps_per_eval_all_images = 10 ** 6
     c.pipeline.model.freeze_geometry = True
     c.pipeline.model.max_init_points = None
+    if selection:
+        c.pipeline.model.objective = replace(c.pipeline.model.objective,
+                                             selection=SelectionConfig(check_fraction=1 / 6))
     c.set_timestamp()
     trainer = c.setup(local_rank=0, world_size=1)
     trainer.setup()
@@ -511,7 +520,15 @@ def test_ns_train_trains_the_field_distill_trains(tmp_path):
                          background_lr=opt["background_latent"]["optimizer"].lr,
                          objective=m.config.objective, lift=m.config.lift, view_order=tuple(seen))
     ref = distill(g0, train_cams, maps, dcfg)
-    assert torch.allclose(m.objective.gaussian_latents(ref.lift.latents), lat0, atol=1e-5)  # the same start
+    start = m.objective.gaussian_latents(ref.lift.latents)
+    ids = check_view_indices(len(train_cams), m.config.objective.selection.check_fraction)
+    assert ids == ([3, 9] if selection else [])
+    if ids:  # the selection's start: the lift of the views that are not check views (rh3dgs.method.selection)
+        fit = fit_lift(g0, train_cams, maps, ids, replace(m.config.lift, latent_dim=m.config.latent_dim))
+        start = torch.where(fit.valid[:, None], lift_latents(fit, ref.lift.decoder), start)
+        assert m.selection_info["choice"] == ref.info["selection"]["choice"]
+        assert m.selection_info["selected_step"] == ref.info["selected_step"]
+    assert torch.allclose(start, lat0, atol=1e-5)  # the same start
 
     # held-out scoring (the eval split is the dataset's held-out views)
     cams = train_cameras_as_rh3dgs(dm.eval_dataset.cameras)

@@ -70,6 +70,7 @@ def _config_classes():
     from rh3dgs.lifting import LiftConfig
     from rh3dgs.method.lic import LICConfig
     from rh3dgs.method.objective import ObjectiveConfig
+    from rh3dgs.method.selection import SelectionConfig
     from rh3dgs.method.sphere import FrechetMeanConfig
     from rh3dgs.method.vcd import VCDConfig
     from rh3dgs.method.vfm import VFMConfig
@@ -79,7 +80,7 @@ def _config_classes():
 
     return [LiftConfig, VCDConfig, VFMConfig, FrechetMeanConfig, LICConfig, ObjectiveConfig, SceneConfig, ImageOptions,
             TeacherConfig, ViewerConfig, DistillConfig, ControlState, OrbitOptions, TeacherSimConfig,
-            MaskTeacherSimConfig]
+            MaskTeacherSimConfig, SelectionConfig]
 
 
 def _outside(r: Range, sample):

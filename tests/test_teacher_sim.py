@@ -199,6 +199,33 @@ def test_view_failures_flip_argmax_at_configured_rate():
     assert fails2 == fails
 
 
+def test_azimuth_failures_fail_a_class_over_one_arc_of_views():
+    """view_failure_mode='azimuth': a class fails in exactly the views whose azimuth lies in its arc (20 % of the
+    orbit), the same confuser each time; without the azimuths the mode refuses to run."""
+    import math
+
+    from rh3dgs.data.teacher_sim import azimuth_arcs, in_arc
+
+    B, rate = 360, 0.2
+    m = torch.zeros(B, 16, 16, dtype=torch.long)
+    m[:, :8, 8:], m[:, 8:, :8], m[:, 8:, 8:] = 1, 2, 3
+    az = [2 * math.pi * v / B for v in range(B)]
+    cfg = TeacherSimConfig.clean(view_failure_rate=rate, view_failure_mode="azimuth", patch_size=4, seed=7)
+    _, fails = simulate_feature_maps(m, None, cfg, return_failures=True, view_azimuths=az)
+    centres, _, half = azimuth_arcs(7, 5, 4, rate)
+    assert half == pytest.approx(rate * math.pi)
+    for k in range(4):
+        failed = [v for v in range(B) if k in fails[v]]
+        assert failed == [v for v in range(B) if in_arc(az[v], centres[k], half)]
+        assert abs(len(failed) / B - rate) < 0.01 and len({fails[v][k] for v in failed}) == 1
+        runs = sum(1 for v in failed if (v - 1) % B not in failed)  # one contiguous arc of views
+        assert runs == 1
+    with pytest.raises(ConfigError, match="view_azimuths"):
+        simulate_feature_maps(m, None, cfg)
+    with pytest.raises(ConfigError, match="view_failure_mode"):
+        TeacherSimConfig(view_failure_mode="nope")
+
+
 # ---------------------------------------------------------------------------- noise
 def test_heavy_tailed_noise_and_outliers():
     m = torch.zeros(1, 256, 256, dtype=torch.long)

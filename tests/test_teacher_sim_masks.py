@@ -74,3 +74,40 @@ def test_split_and_jitter_and_config():
     with pytest.raises(ConfigError):
         MaskTeacherSimConfig(merge_rate=1.5)
     assert np.isclose(float(c.norm(dim=-1).min()), 1.0, atol=1e-5)
+
+
+def test_azimuth_failures_and_levels():
+    """failure_mode='azimuth' misrecognises a class's masks in the views of its arc only; level_probs gives each view
+    one granularity: parts (more, smaller regions, pulled towards the cone centre) or groups (merged regions)."""
+    import math
+
+    from rh3dgs.data.teacher_sim import azimuth_arcs, in_arc
+
+    B = 90
+    inst, cls = _views(B=B)
+    az = [2 * math.pi * v / B for v in range(B)]
+    cfg = _clean(failure_rate=0.3, failure_mode="azimuth")
+    f = simulate_mask_feature_maps(inst, cls, cfg, num_classes=2, view_azimuths=az)
+    P = torch.from_numpy(make_prototypes(2, cfg.prototype_config()).classes).float()
+    centres, _, half = azimuth_arcs(cfg.seed, 109, 2, 0.3)
+    for v in range(B):
+        arg = int((f[v, 5, 3] @ P.T).argmax())  # a pixel of class 0
+        assert (arg != 0) == in_arc(az[v], centres[0], half)
+    with pytest.raises(ConfigError, match="view_azimuths"):
+        simulate_mask_feature_maps(inst, cls, cfg, num_classes=2)
+
+    def regions(x):
+        return len(torch.unique(x.reshape(-1, x.shape[-1]), dim=0))
+
+    parts = simulate_mask_feature_maps(inst, cls, _clean(noise_deg=5.0, level_probs=(1.0, 0.0, 0.0)), num_classes=2)
+    objects = simulate_mask_feature_maps(inst, cls, _clean(noise_deg=5.0, level_probs=(0.0, 1.0, 0.0)), num_classes=2)
+    groups = simulate_mask_feature_maps(inst, cls, _clean(noise_deg=5.0, level_probs=(0.0, 0.0, 1.0)), num_classes=2)
+    assert torch.equal(objects, simulate_mask_feature_maps(inst, cls, _clean(noise_deg=5.0), num_classes=2))
+    assert all(regions(parts[v]) > regions(objects[v]) == 3 for v in range(4))
+    assert all(regions(groups[v]) < 3 for v in range(4))
+    parts = simulate_mask_feature_maps(inst, cls, _clean(level_probs=(1.0, 0.0, 0.0)), num_classes=2)
+    objects = simulate_mask_feature_maps(inst, cls, _clean(level_probs=(0.0, 1.0, 0.0)), num_classes=2)
+    centre = torch.from_numpy(make_prototypes(2, _clean().prototype_config()).center).float()
+    assert float(parts[0, 5, 3] @ centre) > float(objects[0, 5, 3] @ centre) + 0.02
+    with pytest.raises(ConfigError, match="level_probs"):
+        _clean(level_probs=(0.5, 0.4, 0.3))

@@ -6,6 +6,12 @@ sampled into flat Gaussians (disks tangent to the surface) with per-Gaussian cla
 instance labels. Objects are placed so that some occlude others from many viewpoints.
 Cameras orbit the scene at several heights. Everything is seeded and deterministic.
 
+Layouts (:attr:`SceneConfig.layout`, by index into :data:`LAYOUTS` or by name, :func:`layout_names`):
+fixed object sets whose positions the seed jitters (:data:`LAYOUTS`: the table-top scenes, touching
+objects of one colour, thin structures) and procedural ones that the seed draws from an object bank
+(:data:`PROCEDURAL_LAYOUTS`: cluttered, sparse and textured scenes; the families of
+:mod:`rh3dgs.eval.families` define them).
+
 :func:`make_scene` returns a :class:`SyntheticScene`; :func:`write_dataset` renders it
 into a nerfstudio dataset folder (images, transforms.json, the Gaussians as PLY, an
 initial point cloud, ground-truth depth and class masks).
@@ -15,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Callable, Dict, List, Optional, Tuple
+from typing import Annotated, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -24,8 +30,8 @@ from ..cameras import Cameras
 from ..gaussians import Gaussians
 from ..ranges import Range, check_fields
 
-__all__ = ["SceneConfig", "SyntheticScene", "LAYOUTS", "make_scene", "orbit_cameras", "all_cameras", "write_dataset",
-           "rotmat_to_quat"]
+__all__ = ["SceneConfig", "SyntheticScene", "LAYOUTS", "PROCEDURAL_LAYOUTS", "PALETTE", "layout_names", "camera_azimuths", "make_scene",
+           "orbit_cameras", "all_cameras", "write_dataset", "rotmat_to_quat"]
 
 
 @dataclass
@@ -34,8 +40,8 @@ class SceneConfig:
 
     seed: int = 0
     """RNG seed (object jitter, sampling, textures)."""
-    layout: int = 0
-    """Object set, 0-4 (0: the original table-top scene)."""
+    layout: Union[int, str] = 0
+    """Object set: 0-4 (0: the original table-top scene) or a layout's name (the procedural ones have names only)."""
     gaussians_per_unit_area: Annotated[float, Range(gt=0)] = 6000.0
     """Surface sampling density (Gaussians per m^2)."""
     floor_size: Annotated[float, Range(gt=0)] = 3.0
@@ -56,13 +62,26 @@ class SceneConfig:
     """Extra held-out cameras at other heights, half-way between the training ones."""
     heldout_heights: Annotated[Tuple[float, ...], Range(min_len=1)] = (1.0, 1.7)
     """Heights of the held-out cameras (m)."""
+    heldout_radius: Annotated[Optional[float], Range(gt=0)] = None
+    """Orbit radius of the held-out cameras (m; None: the training orbit's); smaller: closer views than any training view."""
+    gaussian_style: str = "surfel"
+    """surfel: flat opaque disks on the surface; blob: isotropic half-opaque Gaussians that mix along rays."""
 
     def __post_init__(self) -> None:
         check_fields(self)  # every numeric field against its declared Range (rh3dgs.ranges)
-        if not 0 <= int(self.layout) < len(LAYOUTS):
+        if isinstance(self.layout, str) and self.layout not in layout_names():
             from ..errors import ConfigError
 
-            raise ConfigError(f"SceneConfig.layout must be in 0..{len(LAYOUTS) - 1}, got {self.layout!r}")
+            raise ConfigError(f"SceneConfig.layout: unknown layout {self.layout!r}; known: {layout_names()}")
+        if self.gaussian_style not in ("surfel", "blob"):
+            from ..errors import ConfigError
+
+            raise ConfigError(f"SceneConfig.gaussian_style must be 'surfel' or 'blob', got {self.gaussian_style!r}")
+        if not isinstance(self.layout, str) and not 0 <= int(self.layout) < len(LAYOUTS):
+            from ..errors import ConfigError
+
+            raise ConfigError(f"SceneConfig.layout must be in 0..{len(LAYOUTS) - 1} or a name of {layout_names()}, "
+                              f"got {self.layout!r}")
 
 
 @dataclass
@@ -298,16 +317,208 @@ _OCCLUSION: List[ObjectSpec] = [  # a tall cabinet between objects, a chair with
 ]
 _OCCLUSION_XY = [(0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.55, 0.65), (0.55, 0.65), (-0.6, -0.6)]
 
-#: The scene layouts (:attr:`SceneConfig.layout`): (name, objects, positions). All share the floor (class 0).
+_SAME_COLOUR: List[ObjectSpec] = [  # touching objects of one colour and different classes
+    ("white table", (0.92, 0.92, 0.9), lambda o: _union(_box((o[0], o[1], 0.5), (0.4, 0.28, 0.025)),
+                                                        _legs((o[0], o[1]), (0.35, 0.23), 0.025, 0.475))),
+    ("white mug", (0.92, 0.92, 0.9), lambda o: _cylinder((o[0] + 0.1, o[1], 0.525), 0.07, 0.13)),
+    ("red crate", (0.85, 0.12, 0.1), lambda o: _box((o[0], o[1], 0.22), (0.22, 0.22, 0.22))),
+    ("red box", (0.85, 0.12, 0.1), lambda o: _box((o[0], o[1], 0.53), (0.09, 0.09, 0.09))),
+    ("green ball", (0.15, 0.7, 0.2), lambda o: _sphere((o[0], o[1], 0.15), 0.15)),
+    ("green cylinder", (0.15, 0.7, 0.2), lambda o: _cylinder((o[0] + 0.25, o[1], 0.0), 0.1, 0.4)),
+    ("grey pedestal", (0.5, 0.5, 0.52), lambda o: _cylinder((o[0], o[1], 0.0), 0.14, 0.45)),
+    ("grey vase", (0.5, 0.5, 0.52), lambda o: _cylinder((o[0], o[1], 0.45), 0.07, 0.22)),
+    ("blue ring", (0.12, 0.25, 0.85), lambda o: _upright_ring((o[0], o[1], 0.21), 0.18, 0.03, yaw=0.4)),
+]
+_SAME_COLOUR_XY = [(-0.45, 0.35), (-0.45, 0.35), (0.5, 0.4), (0.5, 0.4), (-0.5, -0.45), (-0.5, -0.45),
+                   (0.45, -0.45), (0.45, -0.45), (0.0, -0.05)]
+
+
+def _stool(center, seat_r, h, leg_r) -> Tuple[float, Sampler]:
+    """A round seat at height ``h`` on 3 thin legs."""
+    x, y = center
+    legs = [_cylinder((x + 0.75 * seat_r * math.cos(a), y + 0.75 * seat_r * math.sin(a), 0.0), leg_r, h - 0.02)
+            for a in (0.0, 2 * math.pi / 3, 4 * math.pi / 3)]
+    return _union(_cylinder((x, y, h - 0.02), seat_r, 0.02), *legs)
+
+
+def _fence(center, half_len, post_r, h, bar_half) -> Tuple[float, Sampler]:
+    """Two posts and three horizontal bars between them (along x)."""
+    x, y = center
+    posts = [_cylinder((x + s * half_len, y, 0.0), post_r, h) for s in (-1, 1)]
+    bars = [_box((x, y, z), (half_len, bar_half, bar_half)) for z in (0.3 * h, 0.6 * h, 0.9 * h)]
+    return _union(*posts, *bars)
+
+
+_THIN: List[ObjectSpec] = [  # thin structures
+    ("black pole", (0.08, 0.08, 0.08), lambda o: _cylinder((o[0], o[1], 0.0), 0.015, 0.9)),
+    ("silver pole", (0.75, 0.75, 0.78), lambda o: _cylinder((o[0], o[1], 0.0), 0.012, 0.7)),
+    ("brown fence", (0.5, 0.3, 0.15), lambda o: _fence((o[0], o[1]), 0.3, 0.012, 0.5, 0.008)),
+    ("orange ring", (0.95, 0.55, 0.1), lambda o: _upright_ring((o[0], o[1], 0.212), 0.2, 0.012, yaw=1.1)),
+    ("red stool", (0.8, 0.2, 0.15), lambda o: _stool((o[0], o[1]), 0.15, 0.4, 0.01)),
+    ("green wire", (0.15, 0.7, 0.2), lambda o: _torus((o[0], o[1], 0.008), 0.3, 0.008)),
+]
+_THIN_XY = [(-0.6, 0.5), (0.6, 0.6), (0.0, 0.55), (0.55, -0.3), (-0.1, -0.1), (-0.35, -0.55)]
+
+#: The fixed scene layouts (:attr:`SceneConfig.layout` by index or name): (name, objects, positions), the positions
+#: jittered by the seed. All share the floor (class 0).
 LAYOUTS: List[Tuple[str, List[ObjectSpec], List[Tuple[float, float]]]] = [
     ("tabletop", _TABLETOP, _TABLETOP_XY),
     ("table", _TABLE, _TABLE_XY),
     ("stacks", _STACKS, _STACKS_XY),
     ("small objects", _SMALL, _SMALL_XY),
     ("occlusion", _OCCLUSION, _OCCLUSION_XY),
+    ("same-colour", _SAME_COLOUR, _SAME_COLOUR_XY),
+    ("thin", _THIN, _THIN_XY),
 ]
 # the original names (kept for callers)
 _OBJECTS, _LAYOUT = _TABLETOP, _TABLETOP_XY
+
+#: The colours of the procedural layouts' objects (each object of a scene takes a different one).
+PALETTE: List[Tuple[str, Tuple[float, float, float]]] = [
+    ("red", (0.85, 0.12, 0.10)), ("blue", (0.12, 0.25, 0.85)), ("green", (0.15, 0.7, 0.2)),
+    ("yellow", (0.92, 0.82, 0.10)), ("orange", (0.95, 0.55, 0.1)), ("purple", (0.55, 0.2, 0.7)),
+    ("white", (0.92, 0.92, 0.90)), ("black", (0.08, 0.08, 0.08)), ("pink", (0.95, 0.5, 0.7)),
+    ("cyan", (0.1, 0.75, 0.8)),
+]
+
+#: A texture: (Gaussian positions [n, 3], their colour [n, 3], generator) -> colours [n, 3].
+Texture = Callable[[torch.Tensor, torch.Tensor, torch.Generator], torch.Tensor]
+
+
+@dataclass
+class _BankObject:
+    """One object of the procedural layouts' bank: its shape, sizes and footprint radius."""
+
+    shape: str
+    sizes: Tuple[float, ...]
+    footprint: float
+
+    def make(self, xy: Tuple[float, float]) -> Tuple[float, Sampler]:
+        x, y = xy
+        s = self.sizes
+        if self.shape == "ball":
+            return _sphere((x, y, s[0]), s[0])
+        if self.shape == "box":
+            return _box((x, y, s[2]), s)
+        if self.shape == "cylinder":
+            return _cylinder((x, y, 0.0), s[0], s[1])
+        if self.shape == "torus":
+            return _torus((x, y, s[1]), s[0], s[1])
+        if self.shape == "bowl":
+            return _bowl((x, y, 0.0), s[0])
+        return _upright_ring((x, y, s[0] + s[1]), s[0], s[1], yaw=s[2])  # "ring"
+
+
+def _uniform(g: torch.Generator, lo: float, hi: float) -> float:
+    return lo + (hi - lo) * float(torch.rand(1, generator=g))
+
+
+def _bank_object(g: torch.Generator, scale: float = 1.0) -> _BankObject:
+    """A shape of the bank (uniform) with sizes uniform in its ranges (x ``scale``)."""
+    shape = ("ball", "box", "cylinder", "torus", "bowl", "ring")[int(torch.randint(6, (1,), generator=g))]
+    u = lambda lo, hi: scale * _uniform(g, lo, hi)  # noqa: E731
+    if shape == "ball":
+        r = u(0.06, 0.14)
+        return _BankObject(shape, (r,), r)
+    if shape == "box":
+        h = (u(0.05, 0.12), u(0.05, 0.12), u(0.05, 0.12))
+        return _BankObject(shape, h, math.hypot(h[0], h[1]))
+    if shape == "cylinder":
+        r = u(0.04, 0.09)
+        return _BankObject(shape, (r, u(0.10, 0.35)), r)
+    if shape == "torus":
+        R, r = u(0.07, 0.12), u(0.02, 0.035)
+        return _BankObject(shape, (R, r), R + r)
+    if shape == "bowl":
+        r = u(0.08, 0.14)
+        return _BankObject(shape, (r,), r)
+    R, r = u(0.08, 0.14), u(0.015, 0.025)
+    return _BankObject(shape, (R, r, _uniform(g, 0.0, math.pi)), R + r)
+
+
+def _place(g: torch.Generator, objs: List[_BankObject], half: float, gap_min: float, gap_max: float,
+           tries: int = 20000) -> List[Tuple[float, float]]:
+    """Centres uniform in [-half, half]^2 with every footprint at least ``gap_min`` from the others and (after the
+    first) at most ``gap_max`` from its nearest one; the upper bound is dropped for an object that finds no such
+    place in ``tries`` draws."""
+    xy: List[Tuple[float, float]] = []
+    for o in objs:
+        best = None
+        for t in range(tries):
+            c = (_uniform(g, -half + o.footprint, half - o.footprint), _uniform(g, -half + o.footprint, half - o.footprint))
+            gaps = [math.hypot(c[0] - p[0], c[1] - p[1]) - o.footprint - q.footprint for p, q in zip(xy, objs)]
+            if gaps and min(gaps) < gap_min:
+                continue
+            best = c
+            if not gaps or min(gaps) <= gap_max:
+                break
+        if best is None:
+            raise RuntimeError(f"synthetic layout: no place for a {o.shape} in [-{half}, {half}]^2")
+        xy.append(best)
+    return xy
+
+
+def _stripes(second: Tuple[float, float, float], period: float = 0.08) -> Texture:
+    def tex(p, col, g):
+        band = (torch.floor(p[:, 2] / (period / 2)) % 2)[:, None]
+        return torch.where(band > 0, torch.tensor(second).expand_as(col), col)
+
+    return tex
+
+
+def _checker(second: Tuple[float, float, float], cell: float = 0.06) -> Texture:
+    def tex(p, col, g):
+        c = (torch.floor(p / cell).sum(-1) % 2)[:, None]
+        return torch.where(c > 0, torch.tensor(second).expand_as(col), col)
+
+    return tex
+
+
+def _blotches(std: float = 0.15) -> Texture:
+    def tex(p, col, g):
+        return col + std * torch.randn(col.shape, generator=g)
+
+    return tex
+
+
+#: A layout's draw: (class name, rgb, shape factory, texture or None) per object, and the object positions.
+LayoutDraw = Tuple[List[Tuple[str, Tuple[float, float, float], Callable, Optional[Texture]]], List[Tuple[float, float]]]
+
+
+def _bank_layout(g: torch.Generator, count: int, half: float, gap_min: float, gap_max: float,
+                 scale: float = 1.0, ring: bool = False, textured: bool = False) -> LayoutDraw:
+    objs = [_bank_object(g, scale) for _ in range(count)]
+    colours = torch.randperm(len(PALETTE), generator=g).tolist()[:count]
+    if ring:  # on a circle of radius 0.9, 120 degrees apart (+- 20 degrees)
+        a0 = _uniform(g, 0.0, 2 * math.pi)
+        angles = [a0 + 2 * math.pi * k / count + math.radians(_uniform(g, -20.0, 20.0)) for k in range(count)]
+        xy = [(0.9 * math.cos(a), 0.9 * math.sin(a)) for a in angles]
+    else:
+        xy = _place(g, objs, half, gap_min, gap_max)
+    out = []
+    for o, c in zip(objs, colours):
+        name, rgb = PALETTE[c]
+        tex = None
+        if textured:
+            kind = int(torch.randint(3, (1,), generator=g))
+            other = [k for k in range(len(PALETTE)) if k != c]
+            second = PALETTE[other[int(torch.randint(len(other), (1,), generator=g))]][1]
+            tex = (_stripes(second), _checker(second), _blotches())[kind]
+        out.append((f"{name} {o.shape}", rgb, o.make, tex))
+    return out, xy
+
+
+#: The procedural layouts (the seed draws the objects from the bank; :mod:`rh3dgs.eval.families`).
+PROCEDURAL_LAYOUTS: Dict[str, Callable[[torch.Generator], LayoutDraw]] = {
+    "cluttered": lambda g: _bank_layout(g, 10, 0.8, 0.01, 0.03),
+    "sparse": lambda g: _bank_layout(g, 3, 0.9, 0.0, 0.0, scale=1.5, ring=True),
+    "textured": lambda g: _bank_layout(g, 6, 0.7, 0.05, 10.0, textured=True),
+}
+
+
+def layout_names() -> List[str]:
+    """Every layout name :attr:`SceneConfig.layout` takes (the fixed ones first, in :data:`LAYOUTS` order)."""
+    return [n for n, _, _ in LAYOUTS] + list(PROCEDURAL_LAYOUTS)
 
 
 def orbit_cameras(cfg: SceneConfig, center=(0.0, 0.0, 0.3), heldout: bool = False) -> Cameras:
@@ -318,11 +529,12 @@ def orbit_cameras(cfg: SceneConfig, center=(0.0, 0.0, 0.3), heldout: bool = Fals
     named ``frame_XXXXX`` after the training frames.
     """
     n, heights = (cfg.heldout_views, cfg.heldout_heights) if heldout else (cfg.num_views, cfg.orbit_heights)
+    radius = cfg.heldout_radius if heldout and cfg.heldout_radius is not None else cfg.orbit_radius
     eyes = []
     for i in range(n):
         ang = 2 * math.pi * i / n + 0.3 + (math.pi / max(cfg.num_views, 1) if heldout else 0.0)
         h = heights[i % len(heights)]
-        eyes.append([cfg.orbit_radius * math.cos(ang), cfg.orbit_radius * math.sin(ang), h])
+        eyes.append([radius * math.cos(ang), radius * math.sin(ang), h])
     cams = Cameras.look_at(torch.tensor(eyes).reshape(-1, 3), torch.tensor(center), up=(0.0, 0.0, 1.0),
                            fov_deg=cfg.fov_deg, width=cfg.image_size, height=cfg.image_size)
     first = cfg.num_views if heldout else 0
@@ -330,36 +542,57 @@ def orbit_cameras(cfg: SceneConfig, center=(0.0, 0.0, 0.3), heldout: bool = Fals
     return cams
 
 
-def make_scene(cfg: Optional[SceneConfig] = None) -> SyntheticScene:
-    """Build the labelled Gaussian scene described in the module docstring."""
-    cfg = cfg or SceneConfig()
-    g = torch.Generator().manual_seed(cfg.seed)
-    _, objects, xy = LAYOUTS[int(cfg.layout)]
+def camera_azimuths(cameras: Cameras) -> List[float]:
+    """Each camera's azimuth around the vertical (z) axis through the origin, in radians: where on the orbit it is
+    (the simulated teachers' view-correlated failures, ``view_failure_mode="azimuth"``)."""
+    R, t = cameras.viewmats[:, :3, :3], cameras.viewmats[:, :3, 3]
+    centres = -(R.transpose(1, 2) @ t[..., None])[..., 0]  # camera centres in the world
+    return [float(a) for a in torch.atan2(centres[:, 1], centres[:, 0])]
+
+
+def _draw_layout(cfg: SceneConfig, g: torch.Generator) -> LayoutDraw:
+    """The objects of ``cfg.layout`` and their positions: a fixed layout jittered by the seed, or a procedural one."""
+    if isinstance(cfg.layout, str) and cfg.layout in PROCEDURAL_LAYOUTS:
+        return PROCEDURAL_LAYOUTS[cfg.layout](g)
+    idx = [n for n, _, _ in LAYOUTS].index(cfg.layout) if isinstance(cfg.layout, str) else int(cfg.layout)
+    _, objects, xy = LAYOUTS[idx]
     jitter = (torch.rand(len(xy), 2, generator=g) - 0.5) * 0.1
     for k in range(1, len(xy)):  # an object placed on / in / under another keeps its jitter
         if xy[k] in xy[:k]:
             jitter[k] = jitter[xy.index(xy[k])]
-    parts = [("floor", (0.55, 0.5, 0.45), _floor(cfg.floor_size))]
-    for (name, rgb, make), (x, y), j in zip(objects, xy, jitter):
-        parts.append((name, rgb, make((x + float(j[0]), y + float(j[1])))))
+    return ([(name, rgb, make, None) for name, rgb, make in objects],
+            [(x + float(j[0]), y + float(j[1])) for (x, y), j in zip(xy, jitter)])
+
+
+def make_scene(cfg: Optional[SceneConfig] = None) -> SyntheticScene:
+    """Build the labelled Gaussian scene described in the module docstring."""
+    cfg = cfg or SceneConfig()
+    g = torch.Generator().manual_seed(cfg.seed)
+    objects, xy = _draw_layout(cfg, g)
+    parts = [("floor", (0.55, 0.5, 0.45), _floor(cfg.floor_size), None)]
+    for (name, rgb, make, tex), o in zip(objects, xy):
+        parts.append((name, rgb, make(o), tex))
     class_names = [p[0] for p in parts]
     means, normals, colors, cls, inst, spacing = [], [], [], [], [], []
-    for k, (name, rgb, (area, sampler)) in enumerate(parts):
+    for k, (name, rgb, (area, sampler), tex) in enumerate(parts):
         n = max(64, int(round(area * cfg.gaussians_per_unit_area)))
         p, nrm = sampler(n, g)
         col = torch.tensor(rgb).expand(n, 3).clone()
         if name == "floor":  # checkerboard texture
             chk = ((torch.floor(p[:, 0] / 0.25) + torch.floor(p[:, 1] / 0.25)) % 2)[:, None]
             col = col * (0.75 + 0.5 * chk)
+        if tex is not None:
+            col = tex(p, col, g)
         col = (col + cfg.texture_noise * torch.randn(n, 3, generator=g)).clamp(0.01, 0.99)
         means.append(p); normals.append(nrm); colors.append(col)
         cls.append(torch.full((n,), k)); inst.append(torch.full((n,), k))
         spacing.append(torch.full((n,), math.sqrt(area / n)))
     means, normals, colors = torch.cat(means), torch.cat(normals), torch.cat(colors)
     s = torch.cat(spacing)
-    scales = torch.stack([0.8 * s, 0.8 * s, 0.08 * s], -1)
+    blob = cfg.gaussian_style == "blob"
+    scales = torch.stack([0.8 * s, 0.8 * s, (0.8 if blob else 0.08) * s], -1)
     quats = rotmat_to_quat(_tangent_frames(normals))
-    opac = torch.full((len(means),), 0.9)
+    opac = torch.full((len(means),), 0.5 if blob else 0.9)
     gaussians = Gaussians.from_activated(means, scales, quats, opac, colors)
     gaussians.extra = {"class_id": torch.cat(cls).float(), "instance_id": torch.cat(inst).float()}
     heldout = orbit_cameras(cfg, heldout=True) if cfg.heldout_views > 0 else None

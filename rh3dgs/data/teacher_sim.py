@@ -54,7 +54,13 @@ View failures (``view_failure_rate``, ``view_failure_strength``)
     prototype (uniform over the other classes; the floor class takes part too) mixed in
     with weight ``view_failure_strength`` (1 = full replacement). These are whole-object,
     consistent-within-the-view errors that pixel-level robust losses cannot see but the
-    multi-view (Frechet-mean) aggregation should out-vote.
+    multi-view (Frechet-mean) aggregation should out-vote. With ``view_failure_mode="azimuth"``
+    the failures are correlated between views instead, as real ones are (an object looks like
+    something else from one side): each class has one arc of camera azimuth, of width
+    ``view_failure_rate`` x 360 degrees at a random centre, and one confuser; every view whose
+    camera azimuth (around the vertical axis, ``view_azimuths``) lies in the arc shows the class with
+    the confuser's prototype. Nearby views then fail together, which a per-view vote cannot out-vote
+    as easily.
 Heavy-tailed angular noise (``noise_deg``, ``noise_dof``, ``outlier_fraction``)
     Real patch features scatter around the concept direction with a heavy tail (texture,
     lighting, ViT "register" artefacts): every patch feature is rotated by an angle
@@ -114,10 +120,12 @@ __all__ = [
     "simulate_feature_maps",
     "simulate_teacher",
     "upsample_feature_map",
+    "azimuth_arcs",
+    "in_arc",
 ]
 
 # random-stream purposes (second entry of the SeedSequence)
-_S_PROTO, _S_FAIL, _S_NOISE, _S_OUTLIER, _S_TEXT = 0, 1, 2, 3, 4
+_S_PROTO, _S_FAIL, _S_NOISE, _S_OUTLIER, _S_TEXT, _S_ARC = 0, 1, 2, 3, 4, 5
 
 
 @dataclass
@@ -150,6 +158,9 @@ class TeacherSimConfig:
     """Probability, per (view, class present), that the class shows a confuser's prototype."""
     view_failure_strength: Annotated[float, Range(ge=0, le=1)] = 1.0
     """Weight of the confuser prototype in a failed view (1 = full replacement)."""
+    view_failure_mode: str = "independent"
+    """"independent": each (view, class) fails alone; "azimuth": each class fails in every view whose camera azimuth
+    lies in one arc of ``view_failure_rate`` x 360 degrees (needs the views' azimuths, ``view_azimuths``)."""
     noise_deg: Annotated[float, Range(ge=0)] = 6.0
     """Scale of the per-patch angular noise in degrees (0 = off)."""
     noise_dof: Annotated[float, Range(gt=0, finite=False)] = 3.0
@@ -166,6 +177,9 @@ class TeacherSimConfig:
         for name in ("dim", "patch_size", "occlusion_band_px", "seed"):
             if int(getattr(self, name)) != getattr(self, name):
                 raise ConfigError(f"TeacherSimConfig.{name}={getattr(self, name)!r}: must be an integer")
+        if self.view_failure_mode not in ("independent", "azimuth"):
+            raise ConfigError(f"TeacherSimConfig.view_failure_mode={self.view_failure_mode!r}: must be 'independent' "
+                              "or 'azimuth'")
         self.dim, self.patch_size, self.occlusion_band_px, self.seed = (
             int(self.dim), int(self.patch_size), int(self.occlusion_band_px), int(self.seed))
 
@@ -259,20 +273,39 @@ def make_prototypes(num_classes: int, cfg: Optional[TeacherSimConfig] = None) ->
     return Prototypes(classes=classes, background=background, negatives=negatives, center=center, text=text)
 
 
-def _failure_table(present: np.ndarray, protos: Prototypes, cfg: TeacherSimConfig, view: int
-                   ) -> Tuple[np.ndarray, Dict[int, int]]:
+def azimuth_arcs(seed: int, purpose: int, num_classes: int, rate: float) -> Tuple[np.ndarray, np.ndarray, float]:
+    """Per class the centre of its failure arc (radians), its confuser offset in 1..K-1, and the arc's half-width
+    ``rate * pi``: the view-correlated failures of both simulated teachers (``*failure_mode="azimuth"``)."""
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), int(purpose), 0]))
+    centres = rng.random(num_classes) * 2 * math.pi
+    offsets = rng.integers(1, max(num_classes, 2), size=num_classes)
+    return centres, offsets, float(rate) * math.pi
+
+
+def in_arc(azimuth: float, centre: float, half_width: float) -> bool:
+    """Whether ``azimuth`` lies within ``half_width`` of ``centre`` on the circle (radians)."""
+    return abs((azimuth - centre + math.pi) % (2 * math.pi) - math.pi) <= half_width
+
+
+def _failure_table(present: np.ndarray, protos: Prototypes, cfg: TeacherSimConfig, view: int,
+                   azimuth: Optional[float] = None) -> Tuple[np.ndarray, Dict[int, int]]:
     """Per-view feature of each class (rows 0..K-1) and background (row K); failure log {class: confuser}."""
     K = len(protos.classes)
     table = np.concatenate([protos.classes, protos.background[None]], 0).copy()
     failures: Dict[int, int] = {}
     if cfg.view_failure_rate <= 0 or K < 2:
         return table, failures
-    rng = _rng(cfg, _S_FAIL, view)
-    u = rng.random(K)  # drawn for every class, present or not: streams do not depend on visibility
-    offset = rng.integers(1, K, size=K)
     s = cfg.view_failure_strength
+    if cfg.view_failure_mode == "azimuth":
+        centres, offset, half = azimuth_arcs(cfg.seed, _S_ARC, K, cfg.view_failure_rate)
+        fails = [bool(present[k]) and in_arc(float(azimuth), centres[k], half) for k in range(K)]
+    else:
+        rng = _rng(cfg, _S_FAIL, view)
+        u = rng.random(K)  # drawn for every class, present or not: streams do not depend on visibility
+        offset = rng.integers(1, K, size=K)
+        fails = [bool(present[k]) and u[k] < cfg.view_failure_rate for k in range(K)]
     for k in range(K):
-        if present[k] and u[k] < cfg.view_failure_rate:
+        if fails[k]:
             conf = int((k + offset[k]) % K)
             failures[k] = conf
             table[k] = _unit((1.0 - s) * protos.classes[k] + s * protos.classes[conf])
@@ -312,13 +345,13 @@ def _occlusion_weights(lab: np.ndarray, depth: np.ndarray, background: int, cfg:
 
 
 def _simulate_view(lab: np.ndarray, depth: Optional[np.ndarray], protos: Prototypes, cfg: TeacherSimConfig,
-                   view: int) -> Tuple[np.ndarray, Dict[int, int]]:
+                   view: int, azimuth: Optional[float] = None) -> Tuple[np.ndarray, Dict[int, int]]:
     """One view: ``lab`` [H, W] int in 0..K (K = background) -> features [h, w, D] float64."""
     H, W = lab.shape
     K = len(protos.classes)
     K1 = K + 1
     present = np.bincount(lab.ravel(), minlength=K1)[:K] > 0
-    table, failures = _failure_table(present, protos, cfg, view)
+    table, failures = _failure_table(present, protos, cfg, view, azimuth)
 
     # per-pixel feature = normalize((1 - w) T[lab] + w T[occ]), kept as weights on <= 2 table rows
     if depth is not None and cfg.occlusion_contamination > 0 and cfg.occlusion_band_px > 0:
@@ -376,6 +409,17 @@ def _simulate_view(lab: np.ndarray, depth: Optional[np.ndarray], protos: Prototy
     return feat, failures
 
 
+def _check_azimuths(view_azimuths: Optional[Sequence[float]], views: int, needed: bool, where: str) -> List[Optional[float]]:
+    """The per-view azimuths as a list (None entries when not given); an error when the failure mode needs them."""
+    if view_azimuths is None:
+        if needed:
+            raise ConfigError(f"{where}: failure mode 'azimuth' needs view_azimuths (each view's camera azimuth)")
+        return [None] * views
+    if len(view_azimuths) != views:
+        raise ShapeError(f"{where}: {len(view_azimuths)} view_azimuths for {views} views")
+    return [float(a) for a in view_azimuths]
+
+
 def _labels(mask: np.ndarray, num_classes: int, where: str) -> np.ndarray:
     """Class mask (255 or negative = background) -> labels 0..K with K = background."""
     m = np.asarray(mask).astype(np.int64)
@@ -390,7 +434,8 @@ def _labels(mask: np.ndarray, num_classes: int, where: str) -> np.ndarray:
 # --------------------------------------------------------------------------------- API
 def simulate_feature_maps(masks: torch.Tensor, depths: Optional[torch.Tensor] = None,
                           cfg: Optional[TeacherSimConfig] = None, num_classes: Optional[int] = None,
-                          view_ids: Optional[Sequence[int]] = None, return_failures: bool = False):
+                          view_ids: Optional[Sequence[int]] = None, return_failures: bool = False,
+                          view_azimuths: Optional[Sequence[float]] = None):
     """Simulated teacher features for a batch of views, in memory.
 
     Args:
@@ -402,6 +447,8 @@ def simulate_feature_maps(masks: torch.Tensor, depths: Optional[torch.Tensor] = 
         view_ids: per-view ids of the random streams (default ``0..B-1``); view ``i`` of
             :func:`simulate_teacher` uses id ``i`` (sorted mask file order).
         return_failures: also return, per view, ``{class id: confuser class id}``.
+        view_azimuths: per-view camera azimuth around the vertical axis (radians), needed by
+            ``view_failure_mode="azimuth"`` (e.g. :func:`rh3dgs.data.synthetic.camera_azimuths`).
 
     Returns:
         features [B, h, w, D] float32 unit vectors, h = ceil(H / patch_size), on the device
@@ -421,12 +468,13 @@ def simulate_feature_maps(masks: torch.Tensor, depths: Optional[torch.Tensor] = 
     view_ids = list(range(B)) if view_ids is None else [int(v) for v in view_ids]
     if len(view_ids) != B:
         raise ShapeError(f"simulate_feature_maps: {len(view_ids)} view_ids for {B} views")
+    azimuths = _check_azimuths(view_azimuths, B, cfg.view_failure_mode == "azimuth", "simulate_feature_maps")
     protos = make_prototypes(num_classes, cfg)
     d_np = None if depths is None else depths.detach().cpu().double().numpy()
     feats, fails = [], []
     for i in range(B):
         lab = _labels(m_np[i], num_classes, f"simulate_feature_maps: masks[{i}]")
-        f, fl = _simulate_view(lab, None if d_np is None else d_np[i], protos, cfg, view_ids[i])
+        f, fl = _simulate_view(lab, None if d_np is None else d_np[i], protos, cfg, view_ids[i], azimuths[i])
         feats.append(f)
         fails.append(fl)
     out = torch.from_numpy(np.stack(feats).astype(np.float32)).to(masks.device)
@@ -472,6 +520,9 @@ def simulate_teacher(dataset_dir, cfg: Optional[TeacherSimConfig] = None, progre
     from .labelled import LabelledDataset
 
     cfg = cfg or TeacherSimConfig()
+    if cfg.view_failure_mode != "independent":
+        raise ConfigError("simulate_teacher: view_failure_mode='azimuth' needs the cameras' azimuths: use "
+                          "simulate_feature_maps(..., view_azimuths=...)")
     root = Path(dataset_dir)
     classes_txt = root / "classes.txt"
     dataset = LabelledDataset.open(root)

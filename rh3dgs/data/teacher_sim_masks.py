@@ -25,6 +25,18 @@ Missed masks (``miss_rate``)
 Per-mask recognition failures (``failure_rate``, ``failure_strength``)
     CLIP on a crop misnames the object now and then (a mug seen from above is "a bowl"): the
     mask's embedding becomes a confuser class's prototype (mixed with ``failure_strength``).
+View-correlated failures (``failure_mode="azimuth"``)
+    ... or, instead of independent draws per mask, per class one arc of camera azimuth of width
+    ``failure_rate`` x 360 degrees and one confuser: every mask of the class in a view whose camera
+    azimuth lies in the arc is misrecognised (an object seen from one side looks like something else;
+    :func:`rh3dgs.data.teacher_sim.azimuth_arcs`).
+Multi-level masks (``level_probs``)
+    SAM answers at three granularities (subpart / part, whole object, group). With ``level_probs =
+    (p_part, p_object, p_group)`` each view takes one level: at the part level every mask of at least
+    2 x ``min_mask_px`` is cut by 1-2 random lines through its centroid (up to 4 parts), each part's
+    embedding is ``normalize(0.7 own + 0.3 cone centre)`` (a part's crop looks generic) and is
+    misrecognised at twice ``failure_rate``; at the group level every mask is also merged with an adjacent
+    one with probability 0.6 (besides ``merge_rate``); the object level is the default behaviour.
 Crop context (``context``)
     A crop is a bounding box, not the mask: the embedding is ``normalize((1 - c) own + c ctx)``
     with ``ctx`` the area-weighted mix of every pixel's prototype in the mask's bounding box
@@ -52,11 +64,13 @@ import torch
 
 from ..errors import ConfigError, ShapeError
 from ..ranges import Range, check_fields
-from .teacher_sim import BACKGROUND, Prototypes, TeacherSimConfig, _random_tangent, _rotate, _unit, make_prototypes
+from .teacher_sim import (BACKGROUND, Prototypes, TeacherSimConfig, _check_azimuths, _random_tangent, _rotate, _unit,
+                          azimuth_arcs, in_arc, make_prototypes)
 
 __all__ = ["MaskTeacherSimConfig", "simulate_mask_feature_maps"]
 
-_S_JITTER, _S_MERGE, _S_SPLIT, _S_MISS, _S_FAIL, _S_NOISE = range(100, 106)
+_S_JITTER, _S_MERGE, _S_SPLIT, _S_MISS, _S_FAIL, _S_NOISE, _S_LEVEL, _S_PART, _S_GROUP, _S_ARC = range(100, 110)
+_PART_MIX, _GROUP_MERGE = 0.3, 0.6  # a part's share of the cone centre; the group level's extra merge rate
 
 
 @dataclass
@@ -87,12 +101,25 @@ class MaskTeacherSimConfig:
     """Amplitude of the smooth displacement of mask boundaries (pixels)."""
     min_mask_px: Annotated[int, Range(ge=1)] = 4
     """Regions smaller than this get no mask."""
+    failure_mode: str = "independent"
+    """"independent": each mask is misrecognised alone; "azimuth": per class one arc of camera azimuth of width
+    ``failure_rate`` x 360 degrees in which its masks are (needs the views' azimuths)."""
+    level_probs: Optional[Tuple[float, float, float]] = None
+    """Per-view probabilities of the part, object and group levels (None: the object level everywhere)."""
     seed: Annotated[int, Range(ge=0)] = 0
 
     def __post_init__(self) -> None:
         check_fields(self)  # every numeric field against its declared Range (rh3dgs.ranges)
         if int(self.seed) != self.seed:
             raise ConfigError(f"MaskTeacherSimConfig.seed={self.seed!r}: must be an integer")
+        if self.failure_mode not in ("independent", "azimuth"):
+            raise ConfigError(f"MaskTeacherSimConfig.failure_mode={self.failure_mode!r}: must be 'independent' or 'azimuth'")
+        if self.level_probs is not None:
+            p = [float(v) for v in self.level_probs]
+            if len(p) != 3 or min(p) < 0 or abs(sum(p) - 1.0) > 1e-6:
+                raise ConfigError(f"MaskTeacherSimConfig.level_probs={self.level_probs!r}: three probabilities "
+                                  "(part, object, group) that sum to 1")
+            self.level_probs = tuple(p)
         self.prototype_config()  # validates dim / cone_cos / negative_cos
 
     def prototype_config(self) -> TeacherSimConfig:
@@ -144,21 +171,18 @@ def _adjacency(masks: np.ndarray, n: int) -> List[set]:
     return adj
 
 
-def _simulate_mask_view(inst: np.ndarray, inst_class: Dict[int, int], protos: Prototypes,
-                        cfg: MaskTeacherSimConfig, view: int) -> np.ndarray:
-    """One view: instance map [H, W] (BACKGROUND = no surface) -> features [H, W, D] float64."""
-    H, W = inst.shape
-    K = len(protos.classes)
-    D = protos.classes.shape[1]
-    table = np.concatenate([protos.classes, protos.background[None]], 0)  # class K = background
+def _view_level(cfg: MaskTeacherSimConfig, view: int) -> str:
+    """The view's mask granularity: "part", "object" or "group" (``level_probs``; "object" without)."""
+    if cfg.level_probs is None:
+        return "object"
+    u = float(_rng(cfg, _S_LEVEL, view).random())
+    p_part, p_obj, _ = cfg.level_probs
+    return "part" if u < p_part else ("object" if u < p_part + p_obj else "group")
 
-    def proto_of(k: int) -> np.ndarray:
-        return table[K if k == BACKGROUND else inst_class[k]]
 
-    lab = _jitter_labels(inst, cfg.edge_jitter_px, _rng(cfg, _S_JITTER, view))
-    masks, owner = _components(lab, cfg.min_mask_px)
-    n = len(owner)
-    # merges: union-find over adjacent masks (draws for every mask, in order)
+def _merged_groups(masks: np.ndarray, n: int, cfg: MaskTeacherSimConfig, view: int, level: str) -> List[List[int]]:
+    """Masks merged with an adjacent one (``merge_rate``; at the group level also with probability 0.6): union-find
+    over adjacent masks, draws for every mask in order. Returns the groups of mask ids, by their root."""
     parent = list(range(n))
 
     def find(i: int) -> int:
@@ -170,48 +194,89 @@ def _simulate_mask_view(inst: np.ndarray, inst_class: Dict[int, int], protos: Pr
     adj = _adjacency(masks, n)
     rng = _rng(cfg, _S_MERGE, view)
     u, pick = rng.random(n), rng.random(n)
+    extra = _rng(cfg, _S_GROUP, view).random(n) < _GROUP_MERGE if level == "group" else np.zeros(n, dtype=bool)
     for i in range(n):
         nb = sorted(adj[i])
-        if nb and u[i] < cfg.merge_rate:
+        if nb and (u[i] < cfg.merge_rate or extra[i]):
             parent[find(i)] = find(nb[int(pick[i] * len(nb))])
     groups: Dict[int, List[int]] = {}
     for i in range(n):
         groups.setdefault(find(i), []).append(i)
-    # per-pixel prototype (for the crop context) and each group's region
-    pix_proto = np.zeros((H, W, D))
-    for k in np.unique(lab):
-        pix_proto[lab == k] = proto_of(int(k))
-    regions: List[np.ndarray] = []
-    members: List[List[int]] = []
-    for root in sorted(groups):
-        regions.append(np.isin(masks, groups[root]))
-        members.append(groups[root])
-    # splits
+    return [groups[root] for root in sorted(groups)]
+
+
+def _cut(reg: np.ndarray, angle: float) -> Tuple[np.ndarray, np.ndarray]:
+    """A region cut in two by the line through its centroid at ``angle``."""
+    ys, xs = np.nonzero(reg)
+    side = (ys - ys.mean()) * math.cos(angle) - (xs - xs.mean()) * math.sin(angle) > 0
+    a = np.zeros_like(reg)
+    a[ys[side], xs[side]] = True
+    return a, reg & ~a
+
+
+def _split_regions(regions: List[Tuple[np.ndarray, List[int]]], cfg: MaskTeacherSimConfig, view: int, level: str
+                   ) -> List[Tuple[np.ndarray, List[int], bool]]:
+    """SAM's split masks (``split_rate``), then at the part level 1-2 more cuts of every large enough region.
+    Returns (region, member masks, is a part)."""
     rng = _rng(cfg, _S_SPLIT, view)
     u, ang = rng.random(len(regions)), rng.random(len(regions)) * math.pi
-    final: List[Tuple[np.ndarray, List[int]]] = []
-    for r, (reg, mem) in enumerate(zip(regions, members)):
+    out: List[Tuple[np.ndarray, List[int], bool]] = []
+    for r, (reg, mem) in enumerate(regions):
         if u[r] < cfg.split_rate and reg.sum() >= 2 * cfg.min_mask_px:
-            ys, xs = np.nonzero(reg)
-            side = (ys - ys.mean()) * math.cos(ang[r]) - (xs - xs.mean()) * math.sin(ang[r]) > 0
-            a = np.zeros_like(reg)
-            a[ys[side], xs[side]] = True
-            final += [(a, mem), (reg & ~a, mem)]
+            out += [(p, mem, False) for p in _cut(reg, ang[r])]
         else:
-            final.append((reg, mem))
+            out.append((reg, mem, False))
+    if level != "part":
+        return out
+    prng = _rng(cfg, _S_PART, view)
+    parts: List[Tuple[np.ndarray, List[int], bool]] = []
+    for reg, mem, _ in out:
+        cuts, angles = int(prng.integers(1, 3)), prng.random(2) * math.pi
+        pieces = [reg]
+        for c in range(cuts):
+            pieces = [q for p in pieces for q in (_cut(p, angles[c]) if p.sum() >= 2 * cfg.min_mask_px else (p,))]
+        parts += [(p, mem, True) for p in pieces if p.any()]
+    return parts
+
+
+def _simulate_mask_view(inst: np.ndarray, inst_class: Dict[int, int], protos: Prototypes,
+                        cfg: MaskTeacherSimConfig, view: int, azimuth: Optional[float] = None) -> np.ndarray:
+    """One view: instance map [H, W] (BACKGROUND = no surface) -> features [H, W, D] float64."""
+    H, W = inst.shape
+    K = len(protos.classes)
+    D = protos.classes.shape[1]
+    table = np.concatenate([protos.classes, protos.background[None]], 0)  # class K = background
+
+    def proto_of(k: int) -> np.ndarray:
+        return table[K if k == BACKGROUND else inst_class[k]]
+
+    level = _view_level(cfg, view)
+    lab = _jitter_labels(inst, cfg.edge_jitter_px, _rng(cfg, _S_JITTER, view))
+    masks, owner = _components(lab, cfg.min_mask_px)
+    groups = _merged_groups(masks, len(owner), cfg, view, level)
+    pix_proto = np.zeros((H, W, D))  # per-pixel prototype (for the crop context)
+    for k in np.unique(lab):
+        pix_proto[lab == k] = proto_of(int(k))
+    final = _split_regions([(np.isin(masks, g), g) for g in groups], cfg, view, level)
     m = len(final)
     miss = _rng(cfg, _S_MISS, view).random(m) < cfg.miss_rate
     rng = _rng(cfg, _S_FAIL, view)
     fail_u, fail_off = rng.random(m), rng.integers(1, max(K, 2), size=m)
+    arcs = azimuth_arcs(cfg.seed, _S_ARC, K, cfg.failure_rate) if cfg.failure_mode == "azimuth" else None
     rng_noise = _rng(cfg, _S_NOISE, view)
     out = np.zeros((H, W, D))
-    for r, (reg, mem) in enumerate(final):
+    for r, (reg, mem, part) in enumerate(final):
         if miss[r] or not reg.any():
             continue
         own = _unit(pix_proto[reg].sum(0))  # area-weighted mix of the members' prototypes
-        if fail_u[r] < cfg.failure_rate and K >= 2:
-            k0 = inst_class.get(owner[mem[0]], 0) if owner[mem[0]] != BACKGROUND else 0
-            conf = int((k0 + fail_off[r]) % K)
+        if part:
+            own = _unit((1.0 - _PART_MIX) * own + _PART_MIX * protos.center)
+        k0 = inst_class.get(owner[mem[0]], 0) if owner[mem[0]] != BACKGROUND else 0
+        if arcs is not None:
+            failed, conf = in_arc(float(azimuth), arcs[0][k0], arcs[2]), int((k0 + arcs[1][k0]) % K)
+        else:
+            failed, conf = fail_u[r] < cfg.failure_rate * (2.0 if part else 1.0), int((k0 + fail_off[r]) % K)
+        if failed and K >= 2:
             own = _unit((1.0 - cfg.failure_strength) * own + cfg.failure_strength * protos.classes[conf])
         if cfg.context > 0:
             ys, xs = np.nonzero(reg)
@@ -228,7 +293,8 @@ def _simulate_mask_view(inst: np.ndarray, inst_class: Dict[int, int], protos: Pr
 
 
 def simulate_mask_feature_maps(instances: torch.Tensor, classes: torch.Tensor, cfg: Optional[MaskTeacherSimConfig] = None,
-                               num_classes: Optional[int] = None, view_ids: Optional[Sequence[int]] = None) -> torch.Tensor:
+                               num_classes: Optional[int] = None, view_ids: Optional[Sequence[int]] = None,
+                               view_azimuths: Optional[Sequence[float]] = None) -> torch.Tensor:
     """Simulated SAM + CLIP features for a batch of views, in memory.
 
     Args:
@@ -236,7 +302,8 @@ def simulate_mask_feature_maps(instances: torch.Tensor, classes: torch.Tensor, c
         classes: [B, H, W] integer class ids (255 = background); an instance's class is the most
             frequent class under it.
         cfg: :class:`MaskTeacherSimConfig`; num_classes: K (default max class id + 1);
-        view_ids: per-view ids of the random streams (default 0..B-1).
+        view_ids: per-view ids of the random streams (default 0..B-1);
+        view_azimuths: per-view camera azimuths (radians), needed by ``failure_mode="azimuth"``.
 
     Returns:
         [B, H, W, D] float32: unit vectors, zero rows where no mask covers the pixel.
@@ -257,6 +324,7 @@ def simulate_mask_feature_maps(instances: torch.Tensor, classes: torch.Tensor, c
     fg = (inst_np != BACKGROUND) & (cls_np != BACKGROUND)
     for k in np.unique(inst_np[fg]):
         inst_class[int(k)] = int(np.bincount(cls_np[fg & (inst_np == k)]).argmax())
+    azimuths = _check_azimuths(view_azimuths, B, cfg.failure_mode == "azimuth", "simulate_mask_feature_maps")
     protos = make_prototypes(int(num_classes), cfg.prototype_config())
-    feats = [_simulate_mask_view(inst_np[i], inst_class, protos, cfg, view_ids[i]) for i in range(B)]
+    feats = [_simulate_mask_view(inst_np[i], inst_class, protos, cfg, view_ids[i], azimuths[i]) for i in range(B)]
     return torch.from_numpy(np.stack(feats).astype(np.float32)).to(instances.device)

@@ -2,6 +2,8 @@
 
     rh3dgs eval SCENE --data DATASET [--output DIR]          one scene folder vs masks/ + classes.txt
     rh3dgs eval --suite synthetic [--quick] [--output DIR]   the ablation table (results.json/.md + PNGs)
+    rh3dgs eval --suite synthetic --part dev|test [--output DIR]   a part of the widened suite (docs/suite.md)
+    rh3dgs eval --suite synthetic --combine DEV_DIR TEST_DIR --markdown docs/results.md   both parts' report
 
 The command is the dataclass :class:`Eval` (a subcommand of ``rh3dgs.cli.Rh3dgs``).
 """
@@ -59,6 +61,22 @@ class Eval:
     """suite: teacher presets (clip-moderate, clip-strong, sam-moderate or sam-strong)"""
     seed: Annotated[Optional[int], arg(help_behavior_hint=_suite_default("seed"))] = None
     """suite: seed of the scenes and teacher draws"""
+    part: Annotated[Optional[Literal["dev", "test"]], arg(help_behavior_hint="(default: layouts x teachers)")] = None
+    """suite: a part of the widened suite (rh3dgs/eval/families.py)"""
+    pairs: Annotated[Optional[Tuple[int, ...]], arg(help_behavior_hint="(default: all)")] = None
+    """suite: indices of the pairs to run"""
+    rows: Annotated[Optional[Tuple[str, ...]], arg(help_behavior_hint="(default: every row of the design)")] = None
+    """suite: names of the rows to run"""
+    combine: Optional[Tuple[str, ...]] = None
+    """suite: the output folders of the dev and test parts (in that order): write --markdown from their runs"""
+    resume: bool = False
+    """suite: keep the records of an earlier run in --output and compute only what is missing"""
+    heldout_radius: Annotated[Optional[float], arg(help_behavior_hint="(default: the training orbit's)")] = None
+    """suite study knob: orbit radius of the held-out cameras"""
+    gaussian_style: Annotated[Optional[Literal["surfel", "blob"]], arg(help_behavior_hint="(default: surfel)")] = None
+    """suite study knob: flat surfels or overlapping isotropic blobs"""
+    geometry_noise: Annotated[Optional[float], arg(help_behavior_hint="(default: 0, the true Gaussians)")] = None
+    """suite study knob: the methods get a jittered reconstruction of the scene (std in disk widths)"""
     steps: Annotated[Optional[int], arg(help_behavior_hint=_suite_default("distill_steps"))] = None
     """suite: training steps of the trained rows"""
     threads: int = 0
@@ -73,13 +91,15 @@ class Eval:
 def cmd_eval(args) -> int:
     import torch
 
-    from .suite import SuiteConfig, evaluate_scene, run_suite, scene_report_markdown
+    from .suite import SuiteConfig, run_suite
 
     if getattr(args, "threads", 0):
         torch.set_num_threads(int(args.threads))
     if args.suite:
         if args.scene or args.data:
             raise ConfigError("rh3dgs eval: give either SCENE --data DATASET or --suite, not both")
+        if getattr(args, "combine", None):
+            return _combine(args)
         over = {}
         if args.layouts is not None:
             over["layouts"] = args.layouts
@@ -89,10 +109,24 @@ def cmd_eval(args) -> int:
             over["seed"] = int(args.seed)
         if args.steps is not None:
             over["distill_steps"] = int(args.steps)
+        for key in ("part", "pairs", "rows", "heldout_radius", "gaussian_style", "geometry_noise"):
+            if getattr(args, key, None) is not None:
+                over[key] = getattr(args, key)
+        if over.get("part") is not None:
+            over.setdefault("qualitative", None)
+            over.setdefault("save_scenes", "none")
         cfg = SuiteConfig.quick(**over) if args.quick else SuiteConfig(**over)
         if not cfg.layouts or not cfg.teachers:
             raise ConfigError("rh3dgs eval --suite: need at least one layout and one teacher")
-        out = prepare_output_dir(args.output or "outputs/eval_suite", args.overwrite)
+        cfg.row_list()  # unknown row names: one line before any work
+        default_out = f"outputs/eval_suite{'_' + cfg.part if cfg.part else ''}"
+        if getattr(args, "resume", False):
+            from pathlib import Path
+
+            out = Path(args.output or default_out)
+            out.mkdir(parents=True, exist_ok=True)
+        else:
+            out = prepare_output_dir(args.output or default_out, args.overwrite)
         if args.markdown:
             check_output_file(args.markdown, args.overwrite)
         summary = run_suite(out, cfg, work_dir=args.work, quick=args.quick, markdown_path=args.markdown)
@@ -102,6 +136,29 @@ def cmd_eval(args) -> int:
         return 0
     if not args.scene or not args.data:
         raise ConfigError("rh3dgs eval: give a semantic scene folder and --data DATASET, or --suite synthetic")
+    return _score_scene(args)
+
+
+def _combine(args) -> int:
+    """``--combine DEV TEST --markdown PATH``: the two parts' report from their runs."""
+    from pathlib import Path
+
+    from .report import write_parts_markdown
+
+    if not args.markdown or len(args.combine) != 2:
+        raise ConfigError("rh3dgs eval --suite synthetic --combine DEV_DIR TEST_DIR needs --markdown PATH")
+    for d in args.combine:
+        if not (Path(d) / "results.json").is_file():
+            raise ConfigError(f"rh3dgs eval --combine: {Path(d) / 'results.json'} does not exist (run that part first)")
+    check_output_file(args.markdown, args.overwrite)
+    path = write_parts_markdown(dict(zip(("dev", "test"), args.combine)), args.markdown)
+    print(f"wrote {path}")
+    return 0
+
+
+def _score_scene(args) -> int:
+    from .suite import evaluate_scene, scene_report_markdown
+
     inputs = [*scene_inputs(args.scene), args.data]
     if args.output:
         check_output_dir(args.output, args.overwrite, inputs)

@@ -16,7 +16,8 @@ import numpy as np
 
 from .stats import PairedDifference, paired_difference
 
-__all__ = ["write_summary", "suite_markdown", "keep_hand_written", "HAND_WRITTEN", "comparisons", "acceptance",
+__all__ = ["write_summary", "write_parts_markdown", "load_summary", "suite_markdown", "parts_markdown", "keep_hand_written",
+           "HAND_WRITTEN", "comparisons", "acceptance", "transitions",
            "qualitative_sheet", "label_colors"]
 
 PathLike = Union[str, Path]
@@ -42,12 +43,20 @@ def _label_image(lab: np.ndarray, K: int) -> np.ndarray:
     return out
 
 
-def _pair_key(r: dict) -> Tuple[int, str]:
-    return (int(r["layout"]), str(r["teacher"]))
+def _pair_key(r: dict) -> str:
+    return str(r["pair"])
 
 
-def _kind(preset: str) -> str:
-    return preset.split("-")[0]
+def _kind(teacher: str) -> str:
+    from .families import TEACHER_FAMILIES
+
+    f = TEACHER_FAMILIES.get(teacher)
+    return f.kind if f is not None else teacher.split("-")[0]
+
+
+#: The families a comparison is broken down by: (record key, heading).
+GROUPS: Tuple[Tuple[str, str], ...] = (("teacher", "teacher family"), ("scene", "scene family"),
+                                       ("views", "training views"))
 
 
 def paired(runs: List[dict], method: str, baseline: str, metric: str,
@@ -56,7 +65,11 @@ def paired(runs: List[dict], method: str, baseline: str, metric: str,
     a = {_pair_key(r): r.get(metric, math.nan) for r in runs if r["row"] == method and where(r)}
     b = {_pair_key(r): r.get(metric_base or metric, math.nan) for r in runs if r["row"] == baseline and where(r)}
     keys = sorted(set(a) & set(b))
-    return paired_difference([a[k] for k in keys], [b[k] for k in keys])
+    return paired_difference([_num(a[k]) for k in keys], [_num(b[k]) for k in keys])
+
+
+def _num(v) -> float:
+    return math.nan if v is None else float(v)
 
 
 #: The bound of the 3D filling: every filled Gaussian given its true class (read from the ground truth by the
@@ -66,12 +79,12 @@ FILL_CEILING = "3D filling's ceiling (every filled Gaussian given its true class
 
 def comparisons(runs: List[dict], rows: Sequence[str]) -> List[dict]:
     """Every comparison of :data:`rh3dgs.eval.rows.COMPARISONS` whose rows ran, plus the 3D filling, as dicts
-    ``{label, method, baseline, overall: {metric: PairedDifference}, by_teacher: {preset: {metric: ...}},
-    by_kind: {kind: {metric: ...}}}``."""
+    ``{label, method, baseline, overall: {metric: PairedDifference}, by_kind: {kind: {metric: ...}},
+    by: {group: {value: {metric: ...}}}}`` for the groups of :data:`GROUPS` (``by["teacher"]`` also as
+    ``by_teacher``)."""
     from .rows import COMPARISONS, LIFT_OURS
 
-    teachers = sorted({r["teacher"] for r in runs})
-    kinds = sorted({_kind(t) for t in teachers})
+    kinds = sorted({_kind(r["teacher"]) for r in runs})
     out = []
     todo = [(lab, m, b, None) for lab, m, b in COMPARISONS if m in rows and b in rows]
     if LIFT_OURS in rows:
@@ -86,22 +99,35 @@ def comparisons(runs: List[dict], rows: Sequence[str]) -> List[dict]:
                 return paired(runs, m, b, key, where, metric_base="miou_3d_nofill")
             return paired(runs, m, b, key, where)
 
+        by = {g: {v: {k: diff(k, lambda r, g=g, v=v: r[g] == v) for k in metrics}
+                  for v in _values(runs, g)} for g, _ in GROUPS}
         out.append({
             "label": label, "method": m if special != "ceiling" else f"{m}, filled Gaussians given their true class",
             "baseline": b if not special else f"{b}, without filling",
-            "overall": {k: diff(k) for k in metrics},
-            "by_teacher": {t: {k: diff(k, lambda r, t=t: r["teacher"] == t) for k in metrics} for t in teachers},
+            "overall": {k: diff(k) for k in metrics}, "by": by, "by_teacher": by["teacher"],
             "by_kind": {c: {k: diff(k, lambda r, c=c: _kind(r["teacher"]) == c) for k in metrics} for c in kinds},
         })
     return out
+
+
+def _values(runs: List[dict], group: str) -> List:
+    """The values of ``group`` in the runs, in first-seen order (views sorted)."""
+    seen: List = []
+    for r in runs:
+        if r.get(group) not in seen:
+            seen.append(r.get(group))
+    return sorted(seen) if group == "views" else seen
 
 
 def _find(comps: List[dict], label: str) -> Optional[dict]:
     return next((c for c in comps if c["label"] == label), None)
 
 
-def acceptance(comps: List[dict]) -> List[Tuple[str, Optional[bool], str]]:
-    """The targets of the method issue, checked on the paired results: (target, met (None = not run), evidence)."""
+def acceptance(comps: List[dict], part: Optional[str] = None) -> List[Tuple[str, Optional[bool], str]]:
+    """The targets of the method issues, checked on the paired results: (target, met (None = not run), evidence).
+    A part of the widened suite (``part``) is checked against issue 46's targets, the old design against issue 16's."""
+    if part is not None:
+        return _acceptance_issue46(comps)
     checks: List[Tuple[str, Optional[bool], str]] = []
 
     def pt(d: PairedDifference) -> str:
@@ -142,6 +168,99 @@ def acceptance(comps: List[dict]) -> List[Tuple[str, Optional[bool], str]]:
     return checks
 
 
+def _acceptance_issue46(comps: List[dict]) -> List[Tuple[str, Optional[bool], str]]:
+    """Issue 46 on a part: trained >= lift + 1.5 mIoU and + 2 mBIoU on average, never below the lift by more than
+    0.3 mIoU on any teacher family, 3D mIoU >= the lift's + 5."""
+    c = _find(comps, "trained vs the lift it starts from")
+    if not c:
+        return []
+    o = c["overall"]
+    worst_t, worst = min(((t, v["miou"].mean) for t, v in c["by"]["teacher"].items()), key=lambda x: x[1])
+    return [
+        ("trained >= lift + 1.5 mIoU and + 2 mBIoU (mean over the pairs)",
+         o["miou"].mean >= 0.015 and o["mbiou"].mean >= 0.02, f"mIoU {o['miou'].fmt()}, mBIoU {o['mbiou'].fmt()}"),
+        ("... never below the lift by more than 0.3 mIoU on any teacher family", worst >= -0.003,
+         f"worst teacher family {worst_t}: {100 * worst:+.2f}"),
+        ("3D mIoU >= the lift's + 5", o["miou_3d"].mean >= 0.05, f"3D {o['miou_3d'].fmt()}"),
+    ]
+
+
+def transitions(runs: List[dict], records, method: str, baseline: str) -> Dict[str, object]:
+    """Where ``method`` moves held-out pixels relative to ``baseline``, from the runs' saved argmax maps: per
+    labelled pixel, *fixed* (baseline wrong, method right) or *broken* (baseline right, method wrong). Returns
+    ``{"pixels", "fixed", "broken"`` (counts), ``"boundary"``: the same three within 2 px of another label (or of
+    the background), ``"by_class"``: {(scene, class): [pixels, fixed, broken]}, ``"by_teacher"``: {teacher:
+    [pixels, fixed, broken]}, ``"into"``: {"neighbour" | "other": broken pixels that took the class of a label
+    within 4 px / another class}}. Pairs without saved maps are skipped."""
+    from scipy.ndimage import grey_dilation, grey_erosion, maximum_filter
+
+    base = {_pair_key(r): r for r in runs if r["row"] == baseline}
+    tot = {"pixels": 0, "fixed": 0, "broken": 0}
+    bnd = dict(tot)
+    by_class: Dict[Tuple[str, str], List[int]] = {}
+    by_teacher: Dict[str, List[int]] = {}
+    into = {"neighbour": 0, "other": 0}
+    for r in runs:
+        if r["row"] != method or _pair_key(r) not in base:
+            continue
+        got = records.transition_inputs(r, method, baseline)
+        if got is None:
+            continue
+        pm, pb, gt = got
+        lab = gt >= 0
+        fixed, broken = lab & (pb != gt) & (pm == gt), lab & (pb == gt) & (pm != gt)
+        g = np.where(lab, gt, -1)
+        size = (1, 5, 5)
+        edge = (grey_dilation(g, size=size) != grey_erosion(g, size=size)) & lab
+        near = np.zeros_like(broken)
+        for k in np.unique(pm[broken]):
+            near |= broken & (pm == k) & maximum_filter(gt == k, size=(1, 9, 9))
+        into["neighbour"] += int(near.sum())
+        into["other"] += int((broken & ~near).sum())
+        for d, m in ((tot, lab), (bnd, edge)):
+            d["pixels"] += int(m.sum())
+            d["fixed"] += int((fixed & m).sum())
+            d["broken"] += int((broken & m).sum())
+        bt = by_teacher.setdefault(r["teacher"], [0, 0, 0])
+        for k, name in enumerate(r["classes"]):
+            m = gt == k
+            if not m.any():
+                continue
+            c = by_class.setdefault((r["scene"], name), [0, 0, 0])
+            for acc in (c,):
+                acc[0] += int(m.sum())
+                acc[1] += int((fixed & m).sum())
+                acc[2] += int((broken & m).sum())
+        bt[0] += int(lab.sum())
+        bt[1] += int(fixed.sum())
+        bt[2] += int(broken.sum())
+    return {**tot, "boundary": bnd, "by_class": by_class, "by_teacher": by_teacher, "into": into}
+
+
+def transitions_markdown(tr: Dict[str, object], method: str, baseline: str, n: int = 12) -> List[str]:
+    """The transitions of :func:`transitions` as Markdown: totals, boundary share, per teacher, the classes
+    training breaks most (net)."""
+    if not tr or not tr["pixels"]:
+        return []
+    P = tr["pixels"]
+    b = tr["boundary"]
+    into = tr["into"]
+    lines = [f"Held-out pixels {method} moves, against {baseline} (percent of the labelled pixels): fixed "
+             f"{100 * tr['fixed'] / P:.2f}, broken {100 * tr['broken'] / P:.2f}, net {100 * (tr['fixed'] - tr['broken']) / P:+.2f}; "
+             f"within 2 px of a label boundary ({100 * b['pixels'] / P:.1f} % of the pixels): fixed "
+             f"{100 * b['fixed'] / P:.2f}, broken {100 * b['broken'] / P:.2f}; of the broken pixels "
+             f"{100 * into['neighbour'] / max(1, tr['broken']):.0f} % take the class of a label within 4 px.", "",
+             "| teacher family | pixels | fixed % | broken % | net % |", "| --- | --- | --- | --- | --- |"]
+    for t, (p, f, br) in tr["by_teacher"].items():
+        lines.append(f"| {t} | {p} | {100 * f / p:.2f} | {100 * br / p:.2f} | {100 * (f - br) / p:+.2f} |")
+    worst = sorted(tr["by_class"].items(), key=lambda kv: (kv[1][1] - kv[1][2]) / max(1, kv[1][0]))[:n]
+    lines += ["", "The classes it breaks most (net share of the class's held-out pixels):", "",
+              "| scene family | class | pixels | fixed % | broken % | net % |", "| --- | --- | --- | --- | --- | --- |"]
+    for (scene, cls), (p, f, br) in worst:
+        lines.append(f"| {scene} | {cls} | {p} | {100 * f / p:.1f} | {100 * br / p:.1f} | {100 * (f - br) / p:+.1f} |")
+    return lines + [""]
+
+
 def _fmt_mean_std(vals: List[float], scale: float = 100.0, digits: int = 2) -> str:
     v = [x for x in vals if x is not None and not (isinstance(x, float) and math.isnan(x))]
     if not v:
@@ -151,70 +270,66 @@ def _fmt_mean_std(vals: List[float], scale: float = 100.0, digits: int = 2) -> s
 
 
 def worst_classes(runs: List[dict], rows: Sequence[str], n: int = 10) -> List[dict]:
-    """The (layout, class) pairs with the lowest IoU of the first of ``rows``, with every row's IoU."""
-    table: Dict[Tuple[int, str], Dict[str, List[float]]] = {}
+    """The (scene, class) pairs with the lowest IoU of the first of ``rows``, with every row's IoU."""
+    table: Dict[Tuple[str, str], Dict[str, List[float]]] = {}
     for r in runs:
         if r["row"] not in rows:
             continue
         for name, v in zip(r["classes"], r["class_iou"]):
-            if not math.isnan(v):
-                table.setdefault((r["layout"], name), {}).setdefault(r["row"], []).append(v)
-    items = [{"layout": k[0], "class": k[1], **{row: float(np.mean(v[row])) if row in v else math.nan for row in rows}}
+            if v is not None and not math.isnan(v):
+                table.setdefault((r["scene"], name), {}).setdefault(r["row"], []).append(v)
+    items = [{"scene": k[0], "class": k[1], **{row: float(np.mean(v[row])) if row in v else math.nan for row in rows}}
              for k, v in table.items()]
     items.sort(key=lambda it: it.get(rows[0], math.nan))
     return items[:n]
 
 
-def suite_markdown(summary: Dict[str, object], image_prefix: str = "") -> str:
-    from .scoring import __doc__ as scoring_doc
-    from .rows import LIFT_OURS, TEACHER_PRESETS, TRAINED_OURS
-
-    cfg = summary["config"]
-    rows, runs = summary["rows"], summary["runs"]
-    comps = summary["comparisons_obj"]
+def _design_line(summary: Dict[str, object]) -> str:
+    cfg, runs = summary["config"], summary["runs"]
     n_pairs = len({_pair_key(r) for r in runs})
-    lines = [
-        "# Ground-truth suite on synthetic scenes",
-        "",
-        "What this page is for: the method's numbers, every row and paired comparison of the synthetic suite scored "
-        "on held-out views against ground truth; a `--markdown` report ends with the development draws the "
-        "defaults were chosen on.",
-        "",
-        f"Generated by `rh3dgs eval --suite synthetic{' --quick' if summary.get('quick') else ''}` "
-        f"({summary['seconds']:.0f} s on {summary['device']}, {summary['threads']} torch threads). "
-        f"{len(cfg['layouts'])} scene layouts {list(cfg['layouts'])} x {len(cfg['teachers'])} simulated teachers "
-        f"{list(cfg['teachers'])} = {n_pairs} (scene, teacher draw) pairs, seed {cfg['seed']}; "
-        f"{cfg['image_size']}x{cfg['image_size']} px, {cfg['num_views']} training views, scored on "
-        f"{cfg['heldout_views']} **held-out** views; trained rows: {cfg['distill_steps']} steps on fixed geometry "
-        "from the robust lift. Values in percent.",
-        "",
-        *([] if summary.get("complete", True) else
-          [f"**PARTIAL: {summary['runs_done']} of {summary['runs_total']} runs finished when this was written.**", ""]),
-        "## Paired comparisons (method minus baseline on the same pairs: mean [95 % interval])",
-        "",
-        "| comparison | mIoU | mBIoU | 3D mIoU |",
-        "| --- | --- | --- | --- |",
-    ]
+    head = (f"Generated by `rh3dgs eval --suite synthetic{' --quick' if summary.get('quick') else ''}"
+            f"{' --part ' + cfg['part'] if cfg.get('part') else ''}` ({summary['seconds']:.0f} s on {summary['device']}, "
+            f"{summary['threads']} torch threads). ")
+    if cfg.get("part"):
+        return head + (f"The {cfg['part']} part of the widened suite (`rh3dgs/eval/families.py`, `docs/suite.md`): "
+                       f"{n_pairs} pairs of {len(_values(runs, 'scene'))} scene families x "
+                       f"{len(_values(runs, 'teacher'))} teacher families, {_values(runs, 'views')} training views; "
+                       f"{cfg['image_size']}x{cfg['image_size']} px, scored on {cfg['heldout_views']} **held-out** views; "
+                       f"trained rows: {cfg['distill_steps']} steps on fixed geometry from the robust lift. "
+                       "Values in percent.")
+    return head + (f"{len(cfg['layouts'])} scene layouts {list(cfg['layouts'])} x {len(cfg['teachers'])} simulated "
+                   f"teachers {list(cfg['teachers'])} = {n_pairs} (scene, teacher draw) pairs, seed {cfg['seed']}; "
+                   f"{cfg['image_size']}x{cfg['image_size']} px, {cfg['num_views']} training views, scored on "
+                   f"{cfg['heldout_views']} **held-out** views; trained rows: {cfg['distill_steps']} steps on fixed "
+                   "geometry from the robust lift. Values in percent.")
+
+
+def _comparison_tables(comps: List[dict], runs: List[dict]) -> List[str]:
+    lines = ["## Paired comparisons (method minus baseline on the same pairs: mean [95 % interval])", "",
+             "| comparison | mIoU | mBIoU | 3D mIoU |", "| --- | --- | --- | --- |"]
     for c in comps:
         o = c["overall"]
         lines.append(f"| {c['label']} ({c['method']} - {c['baseline']}) | "
                      + " | ".join(o[k].fmt() if k in o else "-" for k, _ in METRICS) + " |")
-    lines += ["", "Per teacher (mean paired difference in mIoU / mBIoU):", "",
-              "| comparison | " + " | ".join(sorted({r["teacher"] for r in runs})) + " |",
-              "| --- |" + " --- |" * len({r["teacher"] for r in runs})]
-    for c in comps:
-        cells = []
-        for t in sorted(c["by_teacher"]):
-            v = c["by_teacher"][t]
-            cells.append(" / ".join(f"{100 * v[k].mean:+.2f}" for k in ("miou", "mbiou") if k in v) or
-                         f"{100 * v['miou_3d'].mean:+.2f} (3D)")
-        lines.append(f"| {c['label']} | " + " | ".join(cells) + " |")
-    lines += ["", "## Targets of the method issue (checked on the numbers above)", ""]
-    for target, ok, ev in acceptance(comps):
-        lines.append(f"- [{'x' if ok else ' '}] {target}: {ev}")
-    lines += ["", "## All rows (mean ± std over the pairs; the spread is mostly between scenes)", "",
-              "| row | mIoU | mBIoU | 3D mIoU | 3D mIoU without filling | LERF-OVS mIoU | time (s) | peak mem (MB) |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for group, heading in GROUPS:
+        vals = _values(runs, group)
+        if len(vals) < 2:
+            continue
+        lines += ["", f"Per {heading} (mean paired difference in mIoU / mBIoU / 3D mIoU):", "",
+                  f"| comparison | " + " | ".join(str(v) for v in vals) + " |", "| --- |" + " --- |" * len(vals)]
+        for c in comps:
+            cells = []
+            for v in vals:
+                d = c["by"][group].get(v, {})
+                cells.append(" / ".join(f"{100 * d[k].mean:+.2f}" for k, _ in METRICS if k in d))
+            lines.append(f"| {c['label']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _rows_table(rows: Sequence[str], runs: List[dict]) -> List[str]:
+    lines = ["## All rows (mean ± std over the pairs; the spread is mostly between scenes)", "",
+             "| row | mIoU | mBIoU | 3D mIoU | 3D mIoU without filling | LERF-OVS mIoU | time (s) | peak mem (MB) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name in rows:
         rs = [r for r in runs if r["row"] == name]
         lines.append("| " + " | ".join([
@@ -222,23 +337,84 @@ def suite_markdown(summary: Dict[str, object], image_prefix: str = "") -> str:
             _fmt_mean_std([r["miou_3d"] for r in rs]), _fmt_mean_std([r["miou_3d_nofill"] for r in rs]),
             _fmt_mean_std([r["lerf_miou"] for r in rs]), _fmt_mean_std([r["seconds"] for r in rs], 1.0, 1),
             _fmt_mean_std([r["peak_bytes"] / 2 ** 20 for r in rs], 1.0, 0)]) + " |")
-    show = [r for r in ("Euclidean lift (LUDVIG-style)", LIFT_OURS, TRAINED_OURS) if r in rows]
+    return lines
+
+
+def suite_markdown(summary: Dict[str, object], image_prefix: str = "") -> str:
+    from .rows import EUCLIDEAN_LIFT, LIFT_OURS, TEACHER_PRESETS, TRAINED_OURS
+    from .scoring import __doc__ as scoring_doc
+
+    cfg = summary["config"]
+    rows, runs = summary["rows"], summary["runs"]
+    comps = summary["comparisons_obj"]
+    lines = ["# Ground-truth suite on synthetic scenes", "",
+             "What this page is for: the method's numbers, every row and paired comparison of the synthetic suite "
+             "scored on held-out views against ground truth; a `--markdown` report ends with the development draws "
+             "the defaults were chosen on.", "", _design_line(summary), "",
+             *([] if summary.get("complete", True) else
+               [f"**PARTIAL: {summary['runs_done']} of {summary['runs_total']} runs finished when this was written.**",
+                ""]),
+             *_comparison_tables(comps, runs), "", "## Targets of the method issue (checked on the numbers above)", ""]
+    for target, ok, ev in acceptance(comps, cfg.get("part")):
+        lines.append(f"- [{'x' if ok else ' '}] {target}: {ev}")
+    lines += ["", *_rows_table(rows, runs)]
+    if summary.get("transitions"):
+        lines += ["", "## Where training moves the held-out pixels", ""]
+        for tr in summary["transitions"]:
+            lines += transitions_markdown(tr["data"], tr["method"], tr["baseline"])
+    show = [r for r in (EUCLIDEAN_LIFT, LIFT_OURS, TRAINED_OURS) if r in rows]
     if show:
-        lines += ["", "## Worst classes (held-out IoU per (layout, class), mean over the teachers)", "",
-                  "| layout | class | " + " | ".join(show) + " |", "| --- | --- |" + " --- |" * len(show)]
+        lines += ["", "## Worst classes (held-out IoU per (scene family, class), mean over its pairs)", "",
+                  "| scene | class | " + " | ".join(show) + " |", "| --- | --- |" + " --- |" * len(show)]
         for it in worst_classes(runs, [show[-1], *show[:-1]]):
-            lines.append(f"| {it['layout']} | {it['class']} | " + " | ".join(
+            lines.append(f"| {it['scene']} | {it['class']} | " + " | ".join(
                 "-" if math.isnan(it[r]) else f"{100 * it[r]:.1f}" for r in show) + " |")
     lines += ["", "## Plots and qualitative sheets", ""]
     for p in summary.get("pngs", []):
         lines.append(f"![{Path(p).stem}]({image_prefix}{p})")
     lines += ["", "## Teachers", ""]
-    for t in cfg["teachers"]:
-        kind, over = TEACHER_PRESETS[t]
+    presets = {**TEACHER_PRESETS, **{k: tuple(v) for k, v in (cfg.get("extra_teachers") or {}).items()}}
+    for t in _values(runs, "teacher"):
+        kind, over = presets[t]
         lines.append(f"- `{t}`: {'TeacherSimConfig' if kind == 'clip' else 'MaskTeacherSimConfig'} defaults"
                      f"{' + ' + str(over) if over else ''}")
     lines += ["", "## Protocol", "", (scoring_doc or "").split("Protocols", 1)[-1].strip(), ""]
     return "\n".join(lines)
+
+
+def parts_markdown(parts: Dict[str, Dict[str, object]], image_prefixes: Optional[Dict[str, str]] = None) -> str:
+    """``docs/results.md`` for the widened suite: the development and the test part (each as :func:`suite_markdown`
+    gives it, headings one level down) and, first, the development-to-test difference of every comparison both ran."""
+    lines = ["# Ground-truth suite on synthetic scenes: development and test parts", "",
+             "The suite's families and split are `rh3dgs/eval/families.py` (`docs/suite.md`): method choices are made "
+             "on the development part only; the test part is run once per candidate and reported as it comes out.", ""]
+    if "dev" in parts and "test" in parts:
+        lines += _dev_to_test(parts["dev"]["comparisons_obj"], parts["test"]["comparisons_obj"])
+    for name in ("dev", "test"):
+        if name not in parts:
+            continue
+        body = suite_markdown(parts[name], (image_prefixes or {}).get(name, ""))
+        lines += [f"# {'Development' if name == 'dev' else 'Test'} part", ""]
+        lines += ["#" + ln if ln.startswith("#") else ln for ln in body.split("\n")[1:]]
+    return "\n".join(lines)
+
+
+def _dev_to_test(dev: List[dict], test: List[dict]) -> List[str]:
+    lines = ["## Development to test (mean paired differences; test minus development in brackets)", "",
+             "| comparison | mIoU dev / test | mBIoU dev / test | 3D mIoU dev / test |", "| --- | --- | --- | --- |"]
+    for c in dev:
+        t = _find(test, c["label"])
+        if t is None:
+            continue
+        cells = []
+        for k, _ in METRICS:
+            if k not in c["overall"]:
+                cells.append("-")
+                continue
+            a, b = 100 * c["overall"][k].mean, 100 * t["overall"][k].mean
+            cells.append(f"{a:+.2f} / {b:+.2f} ({b - a:+.2f})")
+        lines.append(f"| {c['label']} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def _plots(out: Path, comps: List[dict], runs: List[dict], rows: Sequence[str]) -> List[str]:
@@ -249,7 +425,7 @@ def _plots(out: Path, comps: List[dict], runs: List[dict], rows: Sequence[str]) 
     import matplotlib.pyplot as plt
 
     from ..io.atomic import atomic_write
-    from .rows import LIFT_OURS, TRAINED_OURS
+    from .rows import EUCLIDEAN_LIFT, LIFT_OURS, TRAINED_OURS
 
     names = []
     if comps:
@@ -275,7 +451,7 @@ def _plots(out: Path, comps: List[dict], runs: List[dict], rows: Sequence[str]) 
             fig.savefig(f, format="png", dpi=110)
         plt.close(fig)
         names.append("paired_differences.png")
-    show = [r for r in ("Euclidean lift (LUDVIG-style)", LIFT_OURS, TRAINED_OURS) if r in rows]
+    show = [r for r in (EUCLIDEAN_LIFT, LIFT_OURS, TRAINED_OURS) if r in rows]
     worst = worst_classes(runs, [show[-1], *show[:-1]], n=12) if show else []
     if worst:
         fig, ax = plt.subplots(figsize=(12, 4.5))
@@ -284,7 +460,7 @@ def _plots(out: Path, comps: List[dict], runs: List[dict], rows: Sequence[str]) 
         for j, r in enumerate(show):
             ax.bar(x + (j - (len(show) - 1) / 2) * wdt, [100 * it[r] for it in worst], wdt, label=r)
         ax.set_xticks(x)
-        ax.set_xticklabels([f"L{it['layout']} {it['class']}" for it in worst], rotation=35, ha="right")
+        ax.set_xticklabels([f"{it['scene']}: {it['class']}" for it in worst], rotation=35, ha="right")
         ax.set_ylabel("held-out IoU (%)")
         ax.set_title("The worst classes of the trained field, per method")
         ax.legend(fontsize=8)
@@ -363,7 +539,7 @@ def _jsonable(obj):
     if isinstance(obj, PairedDifference):
         return obj.as_dict()
     if isinstance(obj, dict):
-        return {k: _jsonable(v) for k, v in obj.items()}
+        return {("|".join(k) if isinstance(k, tuple) else k): _jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [_jsonable(v) for v in obj]
     if isinstance(obj, float) and math.isnan(obj):
@@ -390,29 +566,77 @@ def keep_hand_written(path: Path, report: str) -> str:
 
 
 def write_summary(out: Path, cfg, rows: Sequence[str], runs: List[dict], sheets: List[str], quick: bool,
-                  seconds: float, markdown_path: Optional[PathLike]) -> Dict[str, object]:
+                  seconds: float, markdown_path: Optional[PathLike], records=None) -> Dict[str, object]:
+    """``results.json`` and ``results.md`` (and ``markdown_path``) of a run's records; ``records`` (the run's saved
+    maps, :class:`rh3dgs.eval.suite._Records`) adds the pixel transitions of the trained rows against the lift."""
     import torch
 
     from ..io.atomic import atomic_save_bytes, atomic_save_json
+    from .rows import LIFT_OURS
 
-    n_total = len(cfg.layouts) * len(cfg.teachers) * len(rows)
+    n_total = len(cfg.suite_pairs() if cfg.pairs is None else cfg.pairs) * len(rows)
     comps = comparisons(runs, rows)
     pngs = _plots(out, comps, runs, rows) + list(sheets)
+    trs = []
+    if records is not None and LIFT_OURS in rows:
+        from .rows import ALL_ROWS
+
+        kinds = {r[0]: r[1] for r in ALL_ROWS}
+        trs = [{"method": m, "baseline": LIFT_OURS, "data": transitions(runs, records, m, LIFT_OURS)}
+               for m in rows if kinds.get(m) == "distill"]
     summary = {
         "config": asdict(cfg), "quick": quick, "rows": list(rows), "runs": runs, "pngs": pngs,
         "complete": len(runs) == n_total, "runs_done": len(runs), "runs_total": n_total, "seconds": seconds,
-        "threads": torch.get_num_threads(), "device": "CPU",
+        "threads": torch.get_num_threads(), "device": "CPU", "transitions": trs,
     }
     summary["comparisons_obj"] = comps
     md = suite_markdown(summary)
     summary["comparisons"] = _jsonable(comps)
-    summary["acceptance"] = [{"target": t, "met": ok, "evidence": ev} for t, ok, ev in acceptance(comps)]
+    summary["acceptance"] = [{"target": t, "met": ok, "evidence": ev} for t, ok, ev in acceptance(comps, cfg.part)]
     atomic_save_json(out / "results.json", _jsonable({k: v for k, v in summary.items() if k != "comparisons_obj"}))
     atomic_save_bytes(out / "results.md", md.encode())
     if markdown_path is not None:
         mp = Path(markdown_path)
-        prefix = os.path.relpath(out.resolve(), mp.resolve().parent).replace(os.sep, "/") + "/"
-        report = suite_markdown(summary, "" if prefix == "./" else prefix)
-        atomic_save_bytes(mp, keep_hand_written(mp, report).encode())
+        atomic_save_bytes(mp, keep_hand_written(mp, suite_markdown(summary, _relative_prefix(out, mp))).encode())
     summary.pop("comparisons_obj")
     return summary
+
+
+def _relative_prefix(out: Path, markdown_path: Path) -> str:
+    prefix = os.path.relpath(Path(out).resolve(), Path(markdown_path).resolve().parent).replace(os.sep, "/") + "/"
+    return "" if prefix == "./" else prefix
+
+
+def load_summary(out: PathLike) -> Dict[str, object]:
+    """A run's ``results.json`` with its comparisons recomputed (for :func:`parts_markdown`)."""
+    import json
+
+    s = json.loads((Path(out) / "results.json").read_text())
+    s["comparisons_obj"] = comparisons(s["runs"], s["rows"])
+    for tr in s.get("transitions", []):  # JSON keys of by_class were "scene|class" strings
+        tr["data"]["by_class"] = {tuple(k.split("|", 1)): v for k, v in tr["data"].get("by_class", {}).items()}
+    return s
+
+
+def write_parts_markdown(outs: Dict[str, PathLike], markdown_path: PathLike, max_sheets: int = 2) -> Path:
+    """``markdown_path`` (e.g. ``docs/results.md``) from the runs of the development and test parts in ``outs``.
+
+    Each part's ``results.json``, ``results.md``, plots and first ``max_sheets`` qualitative sheets are copied next to
+    it, into ``results/<part>/`` (the run folders keep their records, maps and datasets); what the file holds from its
+    :data:`HAND_WRITTEN` line on is kept."""
+    import shutil
+
+    from ..io.atomic import atomic_save_bytes
+
+    mp = Path(markdown_path)
+    parts, prefixes = {}, {}
+    for name, o in outs.items():
+        s = load_summary(o)
+        dest = mp.parent / "results" / name
+        dest.mkdir(parents=True, exist_ok=True)
+        sheets = [p for p in s["pngs"] if p.startswith("qualitative_")][:max_sheets]
+        s["pngs"] = [p for p in s["pngs"] if not p.startswith("qualitative_")] + sheets
+        for f in ["results.json", "results.md", *s["pngs"]]:
+            shutil.copyfile(Path(o) / f, dest / f)
+        parts[name], prefixes[name] = s, _relative_prefix(dest, mp)
+    return atomic_save_bytes(mp, keep_hand_written(mp, parts_markdown(parts, prefixes)).encode())

@@ -48,8 +48,10 @@ from ..errors import ConfigError
 from ..ranges import Range, check_fields
 from ..field import decoder_factor
 from .lic import LICConfig, LICLoss
+from .selection import SelectionConfig
+from .sphere import geodesic_distance, huber
 from .vcd import VCDConfig, pixel_weights, teacher_footprint
-from .vfm import VFMConfig, kept_segments, vfm_loss
+from .vfm import VFMConfig, delta_at, kept_segments, vfm_loss
 
 __all__ = ["ObjectiveConfig", "SemanticObjective", "ray_spread", "teacher_grid"]
 
@@ -142,6 +144,8 @@ class ObjectiveConfig:
     """Composite a learnt background latent where the render is transparent (1 - A)."""
     min_coverage: Annotated[float, Range(ge=0, le=1)] = 0.5
     """resolution image: pixels with accumulated opacity below this are left out."""
+    selection: SelectionConfig = field(default_factory=SelectionConfig)
+    """Check views, the best step, the per-Gaussian fallback, the refit (rh3dgs.method.selection); off: it lost on development."""
 
     def __post_init__(self) -> None:
         if self.resolution not in ("teacher", "image"):
@@ -260,6 +264,25 @@ class SemanticObjective(torch.nn.Module):
             segments = kept_segments(w, region_ids, self.vfm_cfg)
         covered = float((alpha >= RAY_COVERAGE).sum()) if self.cfg.lambda_ray > 0 else 0.0
         return torch.tensor([float(w.sum()), covered, float(segments)], dtype=torch.float64)
+
+    @staticmethod
+    def pool(x: Tensor, grid: Tuple[int, int]) -> Tensor:
+        """[B, H, W, C] -> [B, h, w, C]: the area mean the objective compares renders and teacher maps with."""
+        return _pool(x, grid)
+
+    def cell_losses(self, latents_2d: Tensor, alpha: Tensor, depth_m1: Tensor, depth_m2: Tensor, decoder: Tensor,
+                    teacher: Tensor, regions: Optional[Tensor] = None,
+                    footprint: Optional[float] = None) -> Tuple[Tensor, Tensor]:
+        """The pixel term per cell of the comparison grid, ``(loss [B, h, w], weight [B, h, w])``: the geodesic Huber
+        loss at VFM's threshold of the run's last step (``use_vfm``; else 1 - cosine) and the pixel weights of
+        :meth:`compare`. The selection's check loss (:mod:`rh3dgs.method.selection`); arguments as :meth:`forward`."""
+        pred, z, w = self.compare(latents_2d, alpha, depth_m1, depth_m2, decoder, teacher, regions, footprint)
+        zs = F.normalize(pred, dim=-1)
+        if self.cfg.use_vfm:
+            loss = huber(geodesic_distance(zs, z), delta_at(self.steps, self.vfm_cfg))
+        else:
+            loss = 1.0 - (zs * z).sum(-1)
+        return loss, w
 
     def forward(self, step: int, latents_2d: Tensor, alpha: Tensor, depth_m1: Tensor, depth_m2: Tensor,
                 decoder: Tensor, teacher: Tensor, regions: Optional[Tensor] = None,

@@ -14,6 +14,9 @@ uses VCD's mask-specificity term, batches also carry ``batch["teacher_regions"]`
 fractions of the map as the teacher gives it (:func:`rh3dgs.teachers.maps.region_fraction`), once per camera,
 and always ``batch["teacher_footprint"]``, the render pixels per cell of that map (:func:`rh3dgs.method.vcd.teacher_footprint`).
 
+The training views the objective keeps as check views (``check_views``, set by the pipeline) carry no teacher
+map: they train RGB only, and the model measures its semantic field on them (:mod:`rh3dgs.method.selection`).
+
 Extraction is lazy (first batch, or :meth:`Rh3dgsDataManager.teacher_maps`), so loading a
 trained run for viewing / export never needs the teacher.
 """
@@ -82,6 +85,9 @@ class Rh3dgsDataManager(FullImageDatamanager[InputDataset]):
         """True (set by the pipeline when the model's objective reads the teacher's regions, VCD's mask-specificity
         term): batches carry ``teacher_regions`` [H, W] at the image size, computed once per camera."""
         self._teacher_regions: Dict[Tuple[str, int, Tuple[int, int]], torch.Tensor] = {}
+        self.check_views: Tuple[int, ...] = ()
+        """Training views whose batches carry no teacher map (set by the pipeline: the semantic objective's check
+        views, :mod:`rh3dgs.method.selection`); they still train RGB."""
 
     # ------------------------------------------------------------------ teacher
     @property
@@ -176,6 +182,8 @@ class Rh3dgsDataManager(FullImageDatamanager[InputDataset]):
     def next_train(self, step: int):
         camera, data = super().next_train(step)
         idx = int(camera.metadata["cam_idx"])
+        if idx in self.check_views:  # held out of the semantic loss
+            return camera, data
         return camera, self._with_teacher("train", idx, data)
 
     def next_eval_image(self, step: int):

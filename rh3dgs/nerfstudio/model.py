@@ -30,6 +30,12 @@ The CPU-safe splatfacto is :mod:`rh3dgs.nerfstudio.splatfacto_native`; this mode
 * Geometry: by default (``semantic_geometry_grad=False``) only the RGB loss shapes the Gaussians, as in
   splatfacto; the semantic loss trains the latents on that geometry (``distill()``'s problem on moving
   Gaussians), and its channels' share of the rasterizer's alpha gradient is never computed.
+* Selection (``objective.selection``, :mod:`rh3dgs.method.selection`, the criterion of ``distill()``): the check
+  views' batches carry no teacher map (they train RGB only); every ``check_every`` steps the field's check loss is
+  measured on them, the latents of the lowest kept while the Gaussians stay the same ones (after densification
+  ends), and after the last step the model holds the field that function chooses against the lifts of the Gaussians
+  as they are then (a resumed run measures from where it resumed). Training starts from the lift of the views that
+  are not check views (the selection's reference; Gaussians only check views see keep the lift of every view).
 * ``freeze_geometry``: only the semantic parts train (no gradient to means / scales / quats / opacities,
   no densification): ``distill()``'s problem, on the model's Gaussians (e.g. a trained splatfacto's).
 
@@ -39,7 +45,7 @@ Plain splatfacto on rh3dgs's rasterizer (the CPU baseline of ``benchmarks/bench_
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Dict, List, Literal, Optional, Sequence, Tuple, Type
 
 import torch
@@ -55,8 +61,10 @@ from ..errors import ConfigError
 from ..ranges import Range
 from ..lifting import LiftConfig, initial_field
 from ..method.objective import ObjectiveConfig, SemanticObjective, teacher_grid
+from ..method.selection import CheckViews, apply_decisions, check_view_indices, fit_lift, lift_latents
+from ..rendering import fixed_views
 from ..query import TEMPERATURE
-from ..teachers.maps import prepare_map
+from ..teachers.maps import prepare_map, region_fraction
 from .splatfacto_native import SplatfactoNativeModel, SplatfactoNativeModelConfig, ViewRender
 
 __all__ = ["Rh3dgsModelConfig", "Rh3dgsModel", "GEOMETRY_GROUPS"]
@@ -125,6 +133,13 @@ class Rh3dgsModel(SplatfactoNativeModel):
         # schedules over splatfacto's 30k steps until the trainer gives the run's length (get_training_callbacks)
         self.objective = SemanticObjective(cfg.objective, d, cfg.semantic_steps or 30000)
         self.semantics_initialized = False
+        self.geometry_version = 0
+        """Incremented when densification replaces the Gaussians (a kept semantic state no longer fits them)."""
+        self._check_inputs: Optional[Tuple[Cameras, List[Tensor], List[int]]] = None
+        self._checks: Optional[CheckViews] = None
+        self._last_step, self._steps = -1, 0
+        self.selection_info: Dict[str, object] = {}
+        """What the selection decided at the end of training (:func:`rh3dgs.method.selection.select_field`)."""
         self.metrics_every = 1
         """Training steps between semantic metrics: the trainer's ``logging.steps_per_log``
         (set by :meth:`get_training_callbacks`)."""
@@ -169,8 +184,10 @@ class Rh3dgsModel(SplatfactoNativeModel):
         adds as many as it prunes keeps N, which :meth:`rh3dgs.method.lic.LICLoss.needs_refresh` alone would not notice."""
         means = self.gauss_params["means"]
         super().step_post_backward(step)
-        if self.gauss_params["means"] is not means and self.objective.lic is not None:
-            self.objective.lic.invalidate()
+        if self.gauss_params["means"] is not means:
+            self.geometry_version += 1
+            if self.objective.lic is not None:
+                self.objective.lic.invalidate()
 
     @torch.no_grad()
     def initialize_semantics(self, teacher_maps: Sequence[Tensor], cameras: Optional[Cameras] = None) -> None:
@@ -194,6 +211,9 @@ class Rh3dgsModel(SplatfactoNativeModel):
             lat0, dec0, res = initial_field(g, cameras.to(dev), list(teacher_maps), d, cfg.lift, progress=True)
             lat[:, : lat0.shape[1]] = lat0.to(dev)  # D < d: the lift's latents have D columns
             dec[:, : dec0.shape[1]] = dec0.to(dev)
+            if self._check_inputs is not None:  # the selection's start: the lift of the views that are not check views
+                fit = fit_lift(g, cameras.to(dev), list(teacher_maps), self._check_inputs[2], replace(cfg.lift, latent_dim=d))
+                lat = torch.where(fit.valid.to(dev)[:, None], lift_latents(fit, dec), lat)
             CONSOLE.log(f"rh3dgs: latents and decoder initialised by the lift ({res.info['valid']}/{len(g)} "
                         f"Gaussians with a feature, {res.info['seconds']:.1f}s)")
         else:
@@ -203,6 +223,83 @@ class Rh3dgsModel(SplatfactoNativeModel):
         self.gauss_params["latents"] = Parameter(self.semantic_latents(lat))  # stored = rendered
         self.decoder = Parameter(dec)
         self.semantics_initialized = True
+
+    def set_check_views(self, cameras: Optional[Cameras], teacher_maps: Sequence[Tensor]) -> List[int]:
+        """The objective's check views among the training views (:func:`rh3dgs.method.selection.check_view_indices`),
+        kept with every training camera and map for the selection at the end of training; returns their indices
+        (the data manager leaves them out of the semantic batches). None of them without cameras of one size."""
+        ids = check_view_indices(len(teacher_maps), self.config.objective.selection.check_fraction)
+        if ids and cameras is None:
+            CONSOLE.log("rh3dgs: the training cameras differ in size: no check views, the last step is kept")
+            ids = []
+        self._check_inputs = (cameras, list(teacher_maps), ids) if ids else None
+        return ids
+
+    def _make_checks(self) -> Optional[CheckViews]:
+        if self._check_inputs is None:
+            return None
+        cams, maps, ids = self._check_inputs
+        dev = self.means.device
+        check_cams = cams[ids].to(dev)
+        teacher = [maps[i].to(dev).float() for i in ids]
+        size = (int(cams.height), int(cams.width))
+        regions = [region_fraction(t, size).to(dev) for t in teacher] if self.objective.uses_regions else None
+        return CheckViews(self.objective, lambda: fixed_views(self.gaussians_for_render(detach=True), check_cams),
+                          range(len(ids)), teacher, regions)
+
+    @torch.no_grad()
+    def _check(self, step: int) -> None:
+        """After each step: the check loss when due, and at the last step the field
+        :func:`rh3dgs.method.selection.select_field` chooses (against the lifts of the Gaussians as they are then)."""
+        checks = self._checks
+        if checks is None or not checks.due(step - (self._last_step - self._steps + 1), self._steps):
+            return
+        lat = self.semantic_latents(self.latents)
+        tag = self.geometry_version
+        checks.measure(step, lat, self.objective.background, self.decoder, tag)
+        if step != self._last_step:
+            return
+        cams, maps, ids = self._check_inputs
+        g, cams, lift_cfg = self.gaussians_for_render(detach=True), cams.to(self.means.device), self.config.lift
+        every = initial_field(g, cams, maps, self.config.latent_dim, lift_cfg)[2]
+        lift_all = lift_latents(every, self.decoder)
+        fit = fit_lift(g, cams, maps, ids, replace(lift_cfg, latent_dim=self.config.latent_dim))
+        reference = torch.where(fit.valid.to(lat.device)[:, None], lift_latents(fit, self.decoder), lift_all)
+        out, info = checks.finish(reference, lat, self.objective.background, self.decoder, lift_all, tag)
+        info["check_views"] = ids
+        if self.config.objective.selection.refit:
+            out = self._refit(g, cams, maps, every, info)
+        self.gauss_params["latents"].data = out
+        self.selection_info = {k: v for k, v in info.items() if k != "revert"}
+        CONSOLE.log(f"rh3dgs: check views {info['check_views']}: kept the {info['choice']} field (selected step "
+                    f"{info['selected_step']}, {100 * info['fallback_fraction']:.0f} % of the Gaussians back at the lift)")
+
+    def _refit(self, gaussians, cameras: Cameras, maps: List[Tensor], every, info: Dict[str, object]) -> Tensor:
+        """The selection's refit (:mod:`rh3dgs.method.selection`) on the Gaussians as they are: ``distill()`` from the
+        lift of every view on every view, with this run's learning rates, for as many steps as the check run took to
+        its selected field (none when the lift won), the check run's decisions applied. The decoder becomes that
+        lift's (the same one when the geometry was frozen)."""
+        from ..distill import DistillConfig, distill
+
+        start = self._last_step - self._steps + 1
+        steps = 0 if info["choice"] == "lift" else (int(info["selected_step"]) - start if info["selected_step"]
+                                                    else self._steps)
+        dec = torch.zeros_like(self.decoder)
+        dec[:, : every.decoder.shape[1]] = every.decoder.to(dec)
+        self.decoder.data = dec
+        lift = lift_latents(every, dec)
+        if steps <= 0:
+            return lift
+        lr = {k: float(o.param_groups[0]["lr"]) for k, o in (getattr(self, "optimizers", None) or {}).items()}
+        cfg = DistillConfig(steps=steps, views_per_step=1, latent_dim=self.config.latent_dim, lr=lr.get("latents", 2e-3),
+                            decoder_lr=lr.get("decoder", 0.0), background_lr=lr.get("background_latent", 0.01),
+                            objective=replace(self.config.objective, selection=replace(
+                                self.config.objective.selection, check_fraction=0.0)), lift=self.config.lift)
+        with torch.enable_grad():
+            again = distill(gaussians, cameras, maps, cfg, init_lift=every)
+        refitted = torch.zeros_like(lift)
+        refitted[:, : again.latents.shape[1]] = again.latents.to(dec)  # D < d: the lift's latents have D columns
+        return apply_decisions(info, refitted, lift)
 
     def teacher_size(self, image_size: Tuple[int, int], teacher_shape: Tuple[int, ...]) -> Tuple[int, int]:
         """The size (h, w) the objective compares a render of ``image_size`` with a teacher map of
@@ -220,11 +317,17 @@ class Rh3dgsModel(SplatfactoNativeModel):
             self.metrics_every = max(1, int(trainer.config.logging.steps_per_log))
             if self.config.semantic_steps is None:
                 self.set_semantic_steps(int(trainer.config.max_num_iterations))
+            self._steps = int(trainer.config.max_num_iterations)
+            self._last_step = int(getattr(trainer, "_start_step", 0)) + self._steps - 1
         cbs = super().get_training_callbacks(training_callback_attributes)
         if self.config.freeze_geometry:  # splatfacto's AFTER_TRAIN_ITERATION callback is the densification
             cbs = [c for c in cbs if TrainingCallbackLocation.AFTER_TRAIN_ITERATION not in c.where_to_run]
         if self.config.objective.spherical_latents:
             cbs.append(TrainingCallback([TrainingCallbackLocation.AFTER_TRAIN_ITERATION], self._retract_latents))
+        if trainer is not None:
+            self._checks = self._make_checks()
+            if self._checks is not None:
+                cbs.append(TrainingCallback([TrainingCallbackLocation.AFTER_TRAIN_ITERATION], self._check))
         return cbs
 
     @torch.no_grad()

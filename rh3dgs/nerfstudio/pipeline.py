@@ -11,8 +11,9 @@ unless ``--viewer.websocket-host`` names another address. After the datamanager 
   :meth:`~rh3dgs.nerfstudio.model.Rh3dgsModel.teacher_size`): the data manager prepares each camera's map
   there once and keeps it; for training (``test_mode == "val"``) its latents and decoder are initialised
   from the teacher maps of the training views (by default the training-free lift on the initial
-  Gaussians). Loading a run (viewer, ns-eval, export) skips the initialisation: the checkpoint holds the
-  trained values.
+  Gaussians), and the objective's check views (:mod:`rh3dgs.method.selection`) are handed to the model and
+  left out of the data manager's semantic batches. Loading a run (viewer, ns-eval, export) skips the
+  initialisation: the checkpoint holds the trained values.
 * the plain splatfacto model (``ns-train splatfacto-native``) gets no teacher maps at all: the teacher never runs.
 """
 from __future__ import annotations
@@ -74,8 +75,10 @@ class Rh3dgsPipeline(VanillaPipeline):
             dm.teacher_size = teacher_size_for(dm, model) if semantic else None
             dm.with_regions = semantic and model.objective.uses_regions
         if semantic and test_mode == "val":
-            cams = None
-            if model.config.init == "lift":
-                cams = train_cameras_as_rh3dgs(dm.train_dataset.cameras)
-            model.initialize_semantics(dm.teacher_maps("train"), cams)
+            cams = train_cameras_as_rh3dgs(dm.train_dataset.cameras)
+            maps = dm.teacher_maps("train")
+            check = model.set_check_views(cams, maps)  # before the start: it is the lift of the other views
+            model.initialize_semantics(maps, cams if model.config.init == "lift" else None)
             model.to(device)
+            if isinstance(dm, Rh3dgsDataManager):
+                dm.check_views = tuple(check)
