@@ -142,19 +142,21 @@ def _opaque_means(means: torch.Tensor, opacities: Optional[torch.Tensor]) -> tor
 
 
 def scene_bounds(means: torch.Tensor, opacities: Optional[torch.Tensor] = None,
-                 quantile: float = 0.9) -> Tuple[torch.Tensor, float]:
-    """``(centre [3], extent)``: the median of the (opaque) Gaussians' means and the ``quantile`` of their distances
-    to it. Medians and quantiles, not the bounding box: the floaters and the far background a trained splat
-    carries do not move them.
+                 quantile: float = 0.95) -> Tuple[torch.Tensor, float]:
+    """``(centre [3], extent)``: the middle of the (opaque) Gaussians' robust box (per axis, the ``1 - quantile``
+    and ``quantile`` quantiles of their means) and the ``quantile`` of their distances to it. Quantiles, not the
+    bounding box: the floaters and the far background a trained splat carries do not move them; the box's middle,
+    not the median: a standing object whose Gaussians crowd at its base (a guitar's body) is framed whole.
 
     >>> c, r = scene_bounds(torch.cat([torch.randn(1000, 3), torch.full((5, 3), 1e4)]))
-    >>> bool(c.abs().max() < 0.2), 1.5 < r < 3.0
+    >>> bool(c.abs().max() < 0.2), 2.0 < r < 3.5
     (True, True)
     """
     m = _opaque_means(means, opacities)
     if len(m) == 0:
         return torch.zeros(3), 1.0
-    centre = m.median(dim=0).values
+    lo, hi = torch.quantile(m, 1.0 - quantile, dim=0), torch.quantile(m, quantile, dim=0)
+    centre = (lo + hi) / 2
     extent = float(torch.quantile((m - centre).norm(dim=-1), quantile)) if len(m) > 1 else 1.0
     return centre.float(), max(extent, 1e-3)
 

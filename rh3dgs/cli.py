@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import math
 import os
 import shutil
 import sys
@@ -299,10 +300,11 @@ class Render:
         preflight(o.orbit, o.size, o.size)
         centre, extent = scene_bounds(gaussians.means, gaussians.opacities)
         up, why = (o.up, "given") if o.up != "auto" else detect_up(gaussians.means, gaussians.opacities)
-        print(f"no transforms.json: {o.orbit} orbit cameras around the median centre "
-              f"({', '.join(f'{float(x):.3g}' for x in centre)}), {2.5 * extent:.3g} away (2.5 x the 90th percentile "
-              f"distance), up {up} ({why}; --up to choose)")
-        cams = orbit_cameras(centre, extent, up, o.orbit, o.size, o.size, o.fov, o.elevation)
+        distance = 1.1 / math.sin(math.radians(o.fov) / 2)  # the sphere of radius extent fills ~90 % of the view
+        print(f"no transforms.json: {o.orbit} orbit cameras around the scene's centre "
+              f"({', '.join(f'{float(x):.3g}' for x in centre)}), {distance * extent:.3g} away (its radius "
+              f"{extent:.3g} fills the {o.fov:g} degree view), up {up} ({why}; --up to choose)")
+        cams = orbit_cameras(centre, extent, up, o.orbit, o.size, o.size, o.fov, o.elevation, distance=distance)
         return cams, cams.names
 
     @staticmethod

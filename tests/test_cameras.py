@@ -19,7 +19,20 @@ def test_scene_bounds_ignore_floaters_and_transparent_gaussians():
     opac = torch.cat([torch.full((5200,), 3.0), torch.full((300,), -8.0)])  # the far cluster is transparent
     c, r = scene_bounds(means, opac)
     torch.testing.assert_close(c, torch.tensor([1.0, 2.0, 3.0]), atol=0.05, rtol=0)
-    assert 0.5 < r < 1.5  # the 90th percentile of a 0.5-sigma cloud's radius (~1.06), not the floaters' 1e3
+    assert 1.2 < r < 2.2  # the 95th percentile of the distances: within the 0.5-sigma cloud (~1.7), not 1e3 away
+
+
+def test_scene_bounds_frame_a_standing_object_whose_gaussians_crowd_at_its_base():
+    """A guitar-like object: a dense body at the bottom, a thin neck up to y = -4 (PLY frame, up -y). The centre is
+    the box's middle, well above the median, and the neck's top is in the picture of ``rh3dgs render``'s orbit
+    (distance 1.1 r / sin(fov / 2) shows 1.1 r / cos(fov / 2) = 1.21 r either side of the centre at fov 50)."""
+    g = torch.Generator().manual_seed(2)
+    body = torch.randn(7000, 3, generator=g) * 0.4
+    neck = torch.stack([torch.zeros(3000), -torch.rand(3000, generator=g) * 4.0, torch.zeros(3000)], dim=-1)
+    means = torch.cat([body, neck])
+    c, r = scene_bounds(means)
+    assert float(c[1]) < float(means[:, 1].median()) - 1.0  # not the median: the body's centre
+    assert float((torch.tensor([0.0, -4.0, 0.0]) - c).norm()) <= 1.1 * r / np.cos(np.deg2rad(25.0))
 
 
 @pytest.mark.parametrize("axis,shape,expect", [(1, (0.3, 3.0, 0.4), "-y"),   # a standing figure along y
@@ -59,7 +72,7 @@ def test_render_without_transforms_writes_an_orbit(tmp_path, capsys):
                                                                   gaussians_per_unit_area=300.0)).gaussians)
     assert main(["render", str(ply), "--output", str(tmp_path / "orbit"), "--orbit", "5", "--size", "32"]) == 0
     out = capsys.readouterr().out
-    assert "5 orbit cameras around the median centre" in out and "up z" in out  # the synthetic floor: z up
+    assert "5 orbit cameras around the scene's centre" in out and "up z" in out  # the synthetic floor: z up
     frames = iio.imread(tmp_path / "orbit" / "turntable.gif")
     assert frames.shape == (5, 32, 32, 3) and frames.std() > 5
     cams, images = load_transforms(tmp_path / "orbit")
