@@ -50,7 +50,7 @@ def _reference(scene, geometry_channels=None):
 CASES = [  # (C, width, height, background, tile_size)
     (1, 32, 32, False, 16),
     (3, 37, 29, True, 16),
-    (8, 40, 24, True, 16),  # one 8-float block per pixel (RowAccum)
+    (8, 40, 24, True, 16),  # one 8-channel block (transposed store)
     (11, 33, 41, True, 8),  # 3 scalars + an 8-float block: RGB + rh3dgs-lite's 8 latents
     (16, 50, 33, False, 16),
     (19, 35, 30, True, 16),  # 3 scalars + a 16-float block

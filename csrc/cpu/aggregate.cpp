@@ -68,6 +68,14 @@ struct SegmentSums {
   // this, so their sums are bit-identical.
   template <int MODE>
   inline void add(float w, float mass, const float* z, const float* mi, int64_t D, float fdelta, float* prod) {
+    // w and mass as the rounded products the caller formed: without this barrier GCC may fuse a caller's product
+    // into the sums below (raw += a * pw as one multiply-add) at one call site and not at another, and the
+    // traversal and the replay would differ in the last bit
+#if defined(__x86_64__) || defined(__i386__)
+    asm("" : "+x"(w), "+x"(mass));
+#elif defined(__aarch64__)
+    asm("" : "+w"(w), "+w"(mass));
+#endif
     if constexpr (MODE == 0) {
       raw += mass;
       wsum += w;
@@ -166,9 +174,8 @@ void aggregate_tiles(int64_t B, int64_t NB, int64_t H, int64_t W, int64_t D_rt, 
     std::vector<int64_t> lg;
     // per-row lanes (one per pixel of the tile row)
     const int64_t L = row_alpha_capacity(tile_size);
-    std::vector<float> rT(L), rpw(L), ralpha(L), rvis(L), scratch(D), prod(D);
+    std::vector<float> rT(L), rpw(L), scratch(D), prod(D);
     std::vector<int32_t> rlimit(L);
-    TileRows rows;
 #pragma omp for schedule(static, 1)
     for (int64_t work = 0; work < n_work; ++work) {
       int64_t start, end;
@@ -176,13 +183,12 @@ void aggregate_tiles(int64_t B, int64_t NB, int64_t H, int64_t W, int64_t D_rt, 
       if (end <= start) continue;
       const auto [b, y0, y1, x0, x1] = tile_rect(work, TH, TW, tile_size, H, W);
       const int64_t K = end - start;
-      tg.gather(pg, fids, start, K);
+      tg.begin(pg, fids + start, K, x0);
       lg.resize(K);
       for (int64_t k = 0; k < K; ++k) lg[k] = fids[start + k] % NB;  // flatten_ids index b * N + n
       // the tile's rows of the sums (and means) are random rows of N x D tables: start them all now
       for (int64_t k = 0; k < K; ++k) prefetch_rows_of<MODE>(lg[k], m, acc_v, D);
       const int64_t nx = x1 - x0;
-      rows.begin(tg, y0, y1, x0, x1);
       for (int64_t py = y0; py < y1; ++py) {
         // Gaussian-major over this row (depth order); per pixel the contributions and their
         // order are those of a front-to-back scan that stops where T would reach 1e-4.
@@ -197,8 +203,8 @@ void aggregate_tiles(int64_t B, int64_t NB, int64_t H, int64_t W, int64_t D_rt, 
           rlimit[l] = open ? std::numeric_limits<int32_t>::max() : -1;
           n_open += open;
         }
-        composite_row(tg, rows, py - y0, fy, x0, L, n_open, rT.data(), rlimit.data(), ralpha.data(), rvis.data(),
-                      [&](int64_t k, auto&& pairs) {
+        if (n_open == 0) continue;
+        composite_row(tg, fy, x0, nx, rT.data(), rlimit.data(), [&](int64_t k, auto&& pairs) {
           const int64_t gi = lg[k];
           const float* mi = m + gi * D;
           SegmentSums<CT> sums(scratch.data(), D);
@@ -246,7 +252,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> aggregate_sphere_cpu(
   const int64_t H = pixel_feats_.size(1), W = pixel_feats_.size(2), D = pixel_feats_.size(3);
   TORCH_CHECK(pixel_weights_.sizes() == at::IntArrayRef({B, H, W}), "pixel_weights must be [B,H,W]");
   TORCH_CHECK(mode == 0 || mode == 1, "mode must be 0 (init) or 1 (IRLS step)");
-  // one bit per pixel of a tile row in lane_mask()
+  // a tile row is a few row units of W lanes (simd.h); recorded lanes are bytes
   TORCH_CHECK(tile_size >= 1 && tile_size <= 64, "tile_size must be in [1, 64], got ", tile_size);
   TORCH_CHECK(num_gaussians == NB, "num_gaussians must equal means2d.size(1)");
   TORCH_CHECK(mu_.dim() == 2 && mu_.size(0) == num_gaussians && mu_.size(1) == D, "mu must be [num_gaussians, D]");

@@ -24,6 +24,7 @@
 #include "reduce.h"
 #include "vec16.h"
 #include "row_alpha.h"
+#include "simd.h"
 #include "tile_rows.h"
 
 namespace rh3dgs {
@@ -32,7 +33,7 @@ namespace {
 void check_inputs(const at::Tensor& means2d, const at::Tensor& conics, const at::Tensor& features,
                   const at::Tensor& opacities, const at::Tensor& depths, const c10::optional<at::Tensor>& backgrounds,
                   const at::Tensor& isect_offsets, const at::Tensor& flatten_ids, int64_t tile_size) {
-  // one bit per pixel of a tile row in lane_mask()
+  // a tile row is a few row units of W lanes (simd.h); recorded lanes are bytes
   TORCH_CHECK(tile_size >= 1 && tile_size <= 64, "tile_size must be in [1, 64], got ", tile_size);
   TORCH_CHECK(means2d.dim() == 3 && means2d.size(2) == 2, "means2d must be [B,N,2]");
   const auto B = means2d.size(0), N = means2d.size(1);
@@ -57,6 +58,145 @@ void check_inputs(const at::Tensor& means2d, const at::Tensor& conics, const at:
     TORCH_CHECK(o[t] >= (t == 0 ? 0 : o[t - 1]) && o[t] <= n_isects && (t > 0 || o[0] == 0),
                 "isect_offsets must be non-decreasing from 0 to at most flatten_ids.numel()");
   }
+}
+
+// Where a forward writes one tile row: the pixel-major render [.., C] and the per-pixel A, D1, D2, last ids.
+struct FwdOut {
+  float *render, *alpha, *d1, *d2;
+  int32_t* last;
+};
+
+// The forward of one row unit: the W = Unit::W pixels x0 + u0 .. x0 + u0 + nu - 1 of the row at fy, one per lane,
+// Gaussian by Gaussian in depth order (composite_row's order: the recordings replayed by the aggregation follow it).
+// Per lane the operations and their order are those of a front-to-back scan of its pixel: alpha, the pixel's end
+// before the Gaussian that would bring T to <= 1e-4 (its lane leaves `open`), then w = alpha T, acc += w f,
+// d1 += w z, d2 += (w z) z, T *= 1 - alpha in the lanes it composites onto. The channels' accumulators are
+// registers (CT > 0) or racc [C][W] (CT = 0); ob [C][W] is scratch for the pixel-major store.
+template <int CT, bool REC>
+inline void fwd_unit(TileGaussians& tg, float fy, int64_t x0, int64_t u0, int nu, const float* __restrict feat,
+                     int64_t C, int64_t start, const float* __restrict bgb, float* __restrict racc, float* __restrict ob,
+                     const FwdOut& out, int64_t pix0, ThreadRecord* rec, const int32_t* fids, int64_t N) {
+  using S = Unit;
+  using V = S::V;
+  using VI = S::VI;
+  using M = S::M;
+  constexpr int W = S::W;
+  constexpr int G = TileGaussians::G;
+  V px;
+  for (int l = 0; l < W; ++l) px[l] = (float)(u0 + l);
+  V T = splat<V>(1.0f), d1{}, d2{};
+  VI last = VI{} - 1;
+  M open = S::first(nu);
+  V acc[CT > 0 ? CT : 1];
+  static_for<(CT > 0 ? CT : 1)>([&](auto c) { acc[c] = V{}; });
+  if constexpr (CT == 0) std::fill(racc, racc + C * W, 0.0f);
+  const float c0 = (float)(x0 + u0), c1 = (float)(x0 + u0 + nu - 1);
+  const int64_t n_groups = tg.n_groups;
+  for (int64_t g = 0; g < n_groups && S::any(open); ++g) {
+    tg.ensure(g);
+    uint32_t m = tg.mask(g, fy, c0, c1);
+    if (!m) continue;
+    const float *ty = tg.y, *txg = tg.xg.data(), *th = tg.h, *thc = tg.hc, *tb = tg.b, *to = tg.o, *tz = tg.z;
+    const int32_t* tid = tg.id.data();
+    // the group's Gaussians one by one, each one's alpha computed while the one before it composites
+    // (independent work: the exp chain overlaps the compositing's dependency on T)
+    auto alpha_of = [&](int64_t k, M& ok) {
+      const float dy = ty[k] - fy;
+      V vis;
+      return alpha_kept<W>(txg[k], th[k], thc[k] * dy * dy, tb[k] * dy, to[k], px, ok, vis);
+    };
+    int64_t k = g * G + std::countr_zero(m);
+    M ok;
+    V al = alpha_of(k, ok);
+    for (;;) {
+      m &= m - 1;
+      const int64_t kn = m ? g * G + std::countr_zero(m) : k;
+      M ok_n;
+      const V al_n = alpha_of(kn, ok_n);
+      M live = ok & open;
+      if (S::any(live)) {
+        const V next_T = T * (1.0f - al);
+        const M ends = S::le(next_T, splat<V>(kTransmittanceMin)) & live;  // the pixel ends before this Gaussian
+        if (S::any(ends)) {
+          open = S::andnot(ends, open);
+          live = S::andnot(ends, live);
+        }
+        const V w = al * T;
+        const float* f = feat + (int64_t)tid[k] * C;
+        if constexpr (CT > 0) {
+          static_for<CT>([&](auto c) { acc[c] = S::fma_bcast(live, w, f + c, acc[c]); });
+        } else {
+          for (int64_t c = 0; c < C; ++c) S::store(racc + c * W, S::fma_bcast(live, w, f + c, S::load(racc + c * W)));
+        }
+        const V wz = w * tz[k];
+        d1 = S::add(live, d1, wz);
+        d2 = S::fma_bcast(live, wz, tz + k, d2);
+        last = S::blend(live, VI{} + (int32_t)(start + k), last);
+        T = S::blend(live, next_T, T);
+        if constexpr (REC) {
+          const uint32_t lm = S::bits(live);
+          if (lm) {
+            alignas(64) float wb[W], ab[W];
+            S::store(wb, w);
+            S::store(ab, al);
+            const size_t n_before = rec->w.size();
+            rec->make_room((size_t)W);
+            uint8_t* rec_lane = rec->lane.end();
+            float *rec_w = rec->w.end(), *rec_mass = rec->mass.end();
+            for (uint32_t q = lm; q; q &= q - 1) {
+              const int l = std::countr_zero(q);
+              *rec_lane++ = (uint8_t)(u0 + l), *rec_w++ = wb[l], *rec_mass++ = ab[l];
+            }
+            rec->commit((size_t)std::popcount(lm));
+            rec->close_segment(n_before, fids[start + k] % N, pix0);
+          }
+        }
+        if (!S::any(open)) break;  // every pixel of the unit has ended
+      }
+      if (!m) break;
+      k = kn, al = al_n, ok = ok_n;
+    }
+  }
+  const int64_t pix = pix0 + u0;
+  S::store_first(out.alpha + pix, 1.0f - T, nu);
+  S::store_first(out.d1 + pix, d1, nu);
+  S::store_first(out.d2 + pix, d2, nu);
+  S::store_first(out.last + pix, last, nu);
+  // the features: acc + T bg, written pixel-major: a full unit of 16 lanes by register transposes (RGB: one
+  // interleave; 16-channel blocks: 16 x 16 transposes), anything else channel-major through ob
+  if constexpr (CT > 0 && W == 16) {
+    if (nu == W) {
+      float* o = out.render + pix * CT;
+      V oc[CT];
+      static_for<CT>([&](auto c) { oc[c] = acc[c] + (bgb ? T * bgb[c] : V{}); });
+      if constexpr (CT == 3) {
+        store_rgb16(oc, o);
+      } else {
+        constexpr int h = CT % 8, n16 = (CT - h) / 16, n8 = ((CT - h) % 16) / 8;
+        static_for<h>([&](auto c) { S::store(ob + c * W, oc[c]); });
+        for (int l = 0; l < W; ++l)
+          for (int c = 0; c < h; ++c) o[l * CT + c] = ob[c * W + l];
+        static_for<n16>([&](auto bl) {
+          vf16 r[16];
+          static_for<16>([&](auto i) { r[i] = oc[h + 16 * bl + i]; });
+          transpose16(r);
+          for (int l = 0; l < W; ++l) store16(o + l * CT + h + 16 * bl, r[l]);
+        });
+        if constexpr (n8 > 0) {
+          static_for<8>([&](auto i) { S::store(ob + i * W, oc[h + 16 * n16 + i]); });
+          store_pixel_major<W, 8>(ob, 8, ob + 8 * W, W);  // [16 pixels][8] contiguous
+          for (int l = 0; l < W; ++l) store8(o + l * CT + h + 16 * n16, load8(ob + 8 * W + 8 * l));
+        }
+      }
+      return;
+    }
+  }
+  if constexpr (CT > 0) {
+    static_for<CT>([&](auto c) { S::store(ob + c * W, acc[c] + (bgb ? T * bgb[c] : V{})); });
+  } else {
+    for (int64_t c = 0; c < C; ++c) S::store(ob + c * W, S::load(racc + c * W) + (bgb ? T * bgb[c] : V{}));
+  }
+  store_pixel_major<W, CT>(ob, C, out.render + pix * C, nu);
 }
 
 // REC: also record every (Gaussian, pixel) contribution, per tile (rasterize_record).
@@ -101,7 +241,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
   int32_t* out_last = last_ids.data_ptr<int32_t>();
 
   const int64_t n_work = B * TH * TW;
-  const std::vector<PackedGaussian> packed = pack_gaussians(B * N, xy, con, opac);
+  const std::vector<PackedGaussian> packed = pack_gaussians(B * N, xy, con, opac, dep);
 #pragma omp parallel num_threads(at::get_num_threads())
   {
     ThreadRecord* rec = nullptr;
@@ -109,76 +249,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
       rec = &(*records)[omp_get_thread_num()];
       rec->reserve((size_t)(4 * n_isects / omp_get_num_threads()));
     }
-    TileGaussians tg;  // the tile's Gaussians (structure of arrays)
-    std::vector<float> lz;  // and their depths
-    // Per-row state, one lane per pixel of the tile row (L lanes, lanes >= nx are padding).
-    const int64_t L = row_alpha_capacity(tile_size);
-    std::vector<float> rT(L), rd1(L), rd2(L), racc(CT > 0 ? 0 : L * C), ralpha(L), rvis(L);  // racc: [L][C]
-    RowAccum<(CT > 0 ? CT : 1)> acc(CT > 0 ? L : 0);  // compiled channel counts
-    std::vector<int32_t> rlast(L), rlimit(L);  // rlimit: INT32_MAX while the pixel is open, else -1
-    TileRows rows;
+    TileGaussians tg;  // the tile's Gaussians (structure of arrays), gathered as the rows reach them
+    constexpr int W = Unit::W;
+    // generic channel count: the accumulators in memory, channel-major [C][W]; ob: a row unit's channels before
+    // they are written pixel-major
+    std::vector<float> racc(CT > 0 ? 0 : C * W);
+    std::vector<float> ob(std::max<int64_t>(C, 16) * W);
+    const FwdOut fo{out, out_a, out_d1, out_d2, out_last};
     auto tile = [&](int64_t work) {
       if constexpr (REC) rec->begin_tile(work);
       const auto [b, y0, y1, x0, x1] = tile_rect(work, TH, TW, tile_size, height, width);
       int64_t start, end;
       tile_bounds(offsets, work, n_work, n_isects, start, end);
-      const int64_t K = end - start;
-      tg.gather(packed.data(), fids, start, K);
-      lz.resize(K);
-      for (int64_t k = 0; k < K; ++k) lz[k] = dep[fids[start + k]];
-      prefetch_rows(feat, C, fids + start, K);
-      rows.begin(tg, y0, y1, x0, x1);
+      tg.begin(packed.data(), fids + start, end - start, x0, feat, C);
       const int64_t nx = x1 - x0;
+      const float* bgb = bg ? bg + b * C : nullptr;
       for (int64_t py = y0; py < y1; ++py) {
-        // Gaussian-major over this row (composite_row); per pixel the operations and their
-        // order are those of a front-to-back scan.
-        const float fy = (float)py + 0.5f;
-        for (int64_t l = 0; l < L; ++l) {
-          rT[l] = 1.0f; rd1[l] = rd2[l] = 0.0f; rlast[l] = -1;
-          rlimit[l] = l < nx ? std::numeric_limits<int32_t>::max() : -1;
-        }
-        if constexpr (CT > 0) acc.clear(); else std::fill(racc.begin(), racc.end(), 0.0f);
-        composite_row(tg, rows, py - y0, fy, x0, L, nx, rT.data(), rlimit.data(), ralpha.data(), rvis.data(),
-                      [&](int64_t k, auto&& pairs) {
-                        const float z = lz[k];
-                        const float* f = feat + (int64_t)fids[start + k] * C;
-                        const int32_t id = (int32_t)(start + k);
-                        const auto fr = decltype(acc)::load(CT > 0 ? f : feat);
-                        const size_t n_before = REC ? rec->w.size() : 0;
-                        uint8_t* rec_lane = nullptr;  // REC: the cursors of this segment's contributions
-                        float *rec_w = nullptr, *rec_mass = nullptr;
-                        if constexpr (REC) {
-                          rec->make_room((size_t)L);
-                          rec_lane = rec->lane.end(), rec_w = rec->w.end(), rec_mass = rec->mass.end();
-                        }
-                        pairs([&](int64_t l, float a, float T) {
-                          const float w = a * T;
-                          if constexpr (CT > 0) acc.add(l, w, fr);
-                          else axpy<CT>(racc.data() + l * C, w, f, C);
-                          rd1[l] += w * z;
-                          rd2[l] += w * z * z;
-                          rlast[l] = id;
-                          if constexpr (REC) *rec_lane++ = (uint8_t)l, *rec_w++ = w, *rec_mass++ = a;
-                        });
-                        if constexpr (REC) {
-                          rec->commit((size_t)(rec_w - rec->w.end()));
-                          rec->close_segment(n_before, fids[start + k] % N, (b * height + py) * width + x0);
-                        }
-                      });
-        for (int64_t q = 0; q < nx; ++q) {
-          const int64_t pix = (b * height + py) * width + x0 + q;
-          float* o = out + pix * C;
-          if constexpr (CT > 0) {
-            acc.store(q, o, bg ? bg + b * C : nullptr, rT[q]);
-          } else {
-            const float* ac = racc.data() + q * C;
-            for (int64_t c = 0; c < C; ++c) o[c] = ac[c] + (bg ? rT[q] * bg[b * C + c] : 0.0f);
-          }
-          out_a[pix] = 1.0f - rT[q];
-          out_d1[pix] = rd1[q];
-          out_d2[pix] = rd2[q];
-          out_last[pix] = rlast[q];
-        }
+        const int64_t pix0 = (b * height + py) * width + x0;
+        for (int64_t u0 = 0; u0 < nx; u0 += W)
+          fwd_unit<CT, REC>(tg, (float)py + 0.5f, x0, u0, (int)std::min<int64_t>(W, nx - u0), feat, C, start, bgb,
+                            racc.data(), ob.data(), fo, pix0, rec, fids, N);
       }
     };
 #pragma omp for schedule(dynamic, 1)
@@ -187,21 +277,183 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
   return {render, alpha, d1, d2, last_ids};
 }
 
-// One (Gaussian, pixel) pair of the backward over channels [0, n) (n = CT when known at compile time): adds
-// the features' gradient w v_out to gf, the pair's weight to the behind-sums buf, and returns the channels'
-// share of d loss / d alpha, sum_c (f_c T - buf_c / (1 - alpha)) v_out_c (prod: n floats of scratch).
+// What a backward reads besides the tile's Gaussians: the features [*, C] (channels [0, CG) shape the geometry),
+// the background of the tile's camera, the forward's A and last ids and the upstream gradients.
+struct BwdCtx {
+  const float* feat;
+  int64_t C, CG;
+  const float *bg, *A;
+  const int32_t* lasts;
+  const float *vr, *va, *vd1, *vd2;
+  const float* bgb = nullptr;
+};
+
+// The backward of one row unit (the forward's fwd_unit): Gaussian-major, back to front from the unit's last
+// contributor; per lane the quantities of a back-to-front scan of its pixel (T in front of the Gaussian, the sums of
+// what lies behind it). grows: the tile's per-intersection gradient rows [K][7 + C]; vo [max(CG, C % 8)] and cm
+// [8 W]: scratch.
 template <int CT>
-inline float channels_bwd(float* __restrict gf, float* __restrict prod, float* __restrict buf,
-                          const float* __restrict f, const float* __restrict v_out, float w, float T, float ra,
-                          int64_t n_rt) {
-  const int64_t n = CT > 0 ? CT : n_rt;
-#pragma omp simd
-  for (int64_t c = 0; c < n; ++c) {
-    gf[c] += w * v_out[c];
-    prod[c] = (f[c] * T - buf[c] * ra) * v_out[c];
-    buf[c] += f[c] * w;
+inline void bwd_unit(TileGaussians& tg, float fy, int64_t x0, int64_t u0, int nu, const BwdCtx& bc, int64_t pix0,
+                     int64_t start, float* __restrict grows, Unit::V* __restrict vo, float* __restrict cm) {
+  using S = Unit;
+  using V = S::V;
+  using VI = S::VI;
+  using M = S::M;
+  constexpr int W = S::W;
+  constexpr int G = TileGaussians::G;
+  const int64_t C = CT > 0 ? CT : bc.C, CG = bc.CG, SR = 7 + C;
+  // the channels: kH = C % 8 "head" channels (RGB in RGB + 8 / 16 / 32 latents), then blocks of 16 and at most one
+  // of 8; the head's feature gradients are lane sums (reduce8, with the geometry's), the blocks' are added pair by
+  // pair in registers from the pixels' upstream rows
+  const int64_t kH = C % 8, n_vo = std::max(CG, kH);
+  const int64_t pix = pix0 + u0;
+  VI lastk = S::load_first(bc.lasts + pix, nu) - (int32_t)start;  // -1 - start < -1 for none: never reached
+  lastk = S::blend(S::first(nu), lastk, VI{} - 1);
+  int32_t max_last = -1;
+  for (int l = 0; l < W; ++l) max_last = std::max(max_last, lastk[l]);
+  if (max_last < 0) return;
+  const V Tf = 1.0f - S::load_first(bc.A + pix, nu);  // T after the pixel's last contributor
+  const V vD1 = S::load_first(bc.vd1 + pix, nu), vD2 = S::load_first(bc.vd2 + pix, nu);
+  const V vA = S::load_first(bc.va + pix, nu);
+  // the upstream gradient of the channels [0, n_vo), channel-major: the head one by one, blocks of 8 by 8 x 8
+  // transposes
+  const float* v_row = bc.vr + pix * C;  // [nu][C], pixel-major
+  for (int64_t c = 0; c < std::min(n_vo, kH); ++c) {
+    V t{};
+    for (int l = 0; l < nu; ++l) t[l] = v_row[l * C + c];
+    vo[c] = t;
   }
-  return tree_sum<CT>(prod, n);
+  for (int64_t c0 = kH; c0 < n_vo; c0 += 8) {
+    for (int p0 = 0; p0 < W; p0 += 8) {
+      vf8 r8[8];
+      for (int l = 0; l < 8; ++l) r8[l] = p0 + l < nu ? load8(v_row + (p0 + l) * C + c0) : vf8{};
+      transpose8(r8);
+      for (int i = 0; i < 8; ++i) store8(cm + i * W + p0, r8[i]);
+    }
+    for (int64_t i = 0; i < std::min<int64_t>(8, n_vo - c0); ++i) vo[c0 + i] = S::load(cm + i * W);
+  }
+  V bgdot{};  // sum_c bg_c v_out_c over the geometry channels, in channel order
+  if (bc.bgb)
+    for (int64_t c = 0; c < CG; ++c) bgdot = S::fma(S::first(W), splat<V>(bc.bgb[c]), vo[c], bgdot);
+  const V vAb = vA - bgdot;
+  V T = Tf, b1{}, b2{}, Q{};  // T: in front of the Gaussian at hand; behind-sums of w z, w z^2, w P
+  V px;
+  for (int l = 0; l < W; ++l) px[l] = (float)(u0 + l);
+  const float c0 = (float)(x0 + u0), c1 = (float)(x0 + u0 + nu - 1);
+  const int64_t g_last = TileGaussians::group_of(max_last);
+  tg.ensure(g_last);
+  const float *ty = tg.y, *txg = tg.xg.data(), *th = tg.h, *thc = tg.hc, *ta = tg.a, *tb = tg.b, *tc = tg.c;
+  const float *to = tg.o, *tz = tg.z;
+  const int32_t* tid = tg.id.data();
+  const float* feat = bc.feat;
+  for (int64_t g = g_last; g >= 0; --g) {
+    uint32_t m = tg.mask(g, fy, c0, c1);
+    if (g == g_last) m &= (uint32_t)((2ull << (max_last - g * G)) - 1);
+    if (!m) continue;
+    // back to front; each Gaussian's alpha computed while the one behind it is processed
+    auto alpha_of = [&](int64_t k, M& ok, V& vis) {
+      const float dy = ty[k] - fy;
+      return alpha_kept<W>(txg[k], th[k], thc[k] * dy * dy, tb[k] * dy, to[k], px, ok, vis);
+    };
+    int64_t k = g * G + 31 - std::countl_zero(m);
+    M ok;
+    V vis;
+    V al = alpha_of(k, ok, vis);
+    for (;;) {
+      m &= ~(1u << (k - g * G));
+      const int64_t kn = m ? g * G + 31 - std::countl_zero(m) : k;
+      M ok_n;
+      V vis_n;
+      const V al_n = alpha_of(kn, ok_n, vis_n);
+      // the pixels this pair contributes to: alpha kept, not behind the pixel's last contributor
+      const M live = ok & S::lei((int32_t)k, lastk);
+      if (S::any(live)) {
+        const float dy = ty[k] - fy, mx0 = txg[k];
+        const float a_ = ta[k], b_ = tb[k], c_ = tc[k], o = to[k], z = tz[k];
+        const float* f = feat + (int64_t)tid[k] * C;
+        const V ra = 1.0f / (1.0f - al);
+        T = S::blend(live, T * ra, T);  // transmittance in front of this Gaussian
+        const V w = al * T;
+        // d loss / d alpha: the geometry channels' sum_c (f_c T - behind_c / (1 - alpha)) v_out_c as
+        // T P - Q / (1 - alpha), P = sum_c f_c v_out_c and Q = sum over the Gaussians behind of w P (four partial
+        // sums, channel c into c % 4, added pairwise: one chain of CG dependent multiply-adds was the longest
+        // latency of a segment)
+        V Pp[4] = {};
+        if constexpr (CT > 0) {
+          static_for<CT>([&](auto c) {
+            if (c < CG) Pp[c % 4] = S::fma_bcast(S::first(W), vo[c], f + c, Pp[c % 4]);
+          });
+        } else {
+          for (int64_t c = 0; c < CG; ++c) Pp[c % 4] = S::fma_bcast(S::first(W), vo[c], f + c, Pp[c % 4]);
+        }
+        const V P = (Pp[0] + Pp[1]) + (Pp[2] + Pp[3]);
+        V v_a = T * P - ra * Q;
+        v_a += (z * T - b1 * ra) * vD1 + (z * z * T - b2 * ra) * vD2;
+        v_a += Tf * ra * vAb;
+        Q = S::fma(live, w, P, Q);
+        b1 = S::fma(live, splat<V>(z), w, b1);
+        b2 = S::fma(live, splat<V>(z * z), w, b2);
+        // the geometry: sigma's gradient -o vis v_a where the alpha is not clamped; its sums over the lanes as
+        // u = vis v_a times 1, dx, dx^2 (dy is the row's)
+        const M cl = live & S::le(o * vis, splat<V>(kAlphaMax));
+        const V u = S::blend(cl, vis * v_a, V{});
+        const V dx = mx0 - px;
+        // lane sums: u, u dx, u dx^2, the depth's w (v_D1 + 2 z v_D2), then the head's d features w v_out_c
+        V q[4 + 7];
+        q[0] = u;
+        q[1] = u * dx;
+        q[2] = u * dx * dx;
+        q[3] = S::blend(live, w * (vD1 + 2.0f * z * vD2), V{});
+        const V wl = S::blend(live, w, V{});
+        for (int64_t c = 0; c < kH; ++c) q[4 + c] = wl * vo[c];
+        alignas(32) float sums[16];
+        for (int64_t q0 = 0; q0 < 4 + kH; q0 += 8) {
+          V qq[8];
+          for (int i = 0; i < 8; ++i) qq[kReducePerm[i]] = q0 + i < 4 + kH ? q[q0 + i] : V{};
+          store8(sums + q0, reduce8(qq));
+        }
+        const float U0 = sums[0], U1 = sums[1], U2 = sums[2];
+        float* grow = grows + (size_t)k * SR;
+        grow[0] += -o * (a_ * U1 + b_ * dy * U0);
+        grow[1] += -o * (b_ * U1 + c_ * dy * U0);
+        grow[2] += -0.5f * o * U2;
+        grow[3] += -o * dy * U1;
+        grow[4] += -0.5f * o * dy * dy * U0;
+        grow[5] += U0;
+        grow[6] += sums[3];
+        for (int64_t c = 0; c < kH; ++c) grow[7 + c] += sums[4 + c];
+        // the blocks' d features: w v_out, pixel by pixel from the upstream rows
+        if (C > kH) {
+          alignas(64) float wb[W];
+          S::store(wb, w);
+          const uint32_t lm = S::bits(live);
+          float* gblk = grow + 7 + kH;
+          const float* vblk = v_row + kH;
+          if constexpr (CT > 0) {
+            constexpr int k16 = (CT - CT % 8) / 16, k8 = ((CT - CT % 8) % 16) / 8;
+            vf16 g16[k16 > 0 ? k16 : 1] = {};
+            vf8 g8{};
+            for (uint32_t mm = lm; mm; mm &= mm - 1) {
+              const int l = std::countr_zero(mm);
+              const float wl1 = wb[l];
+              const float* vrow = vblk + l * C;
+              static_for<k16>([&](auto i) { g16[i] += wl1 * load16(vrow + 16 * i); });
+              if constexpr (k8 > 0) g8 += wl1 * load8(vrow + 16 * k16);
+            }
+            static_for<k16>([&](auto i) { store16(gblk + 16 * i, load16(gblk + 16 * i) + g16[i]); });
+            if constexpr (k8 > 0) store8(gblk + 16 * k16, load8(gblk + 16 * k16) + g8);
+          } else {
+            for (uint32_t mm = lm; mm; mm &= mm - 1) {
+              const int l = std::countr_zero(mm);
+              axpy<0>(gblk, wb[l], vblk + l * C, C - kH);
+            }
+          }
+        }
+      }
+      if (!m) break;
+      k = kn, al = al_n, ok = ok_n, vis = vis_n;
+    }
+  }
 }
 
 template <int CT>
@@ -224,24 +476,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
   const int64_t B = means2d.size(0), N = means2d.size(1), C = CT > 0 ? CT : features.size(2);
   // channels [0, CG) pass their gradient on to the geometry, [CG, C) only to their features
   const int64_t CG = geometry_channels < 0 ? C : std::min<int64_t>(geometry_channels, C);
-  const bool geo_all = CG == C;
-  // A compiled channel count is kHead scalar channels then kBlocks 16-float blocks (RGB + 16 latents: 3 + 1).
-  constexpr int kHead = CT > 0 ? CT % 16 : 0, kBlocks = CT > 0 ? CT / 16 : 0;
-  // v16: whole blocks only, all shaping the geometry: every channel in registers. split: the geometry
-  // channels are exactly the head (channels_bwd<kHead>), the blocks need only their feature gradients
-  // (in registers). Either way the blocks' feature gradients are gb below.
-  const bool v16 = kHead == 0 && kBlocks > 0 && geo_all;
-  const bool split = kHead > 0 && kBlocks > 0 && CG == kHead;
-  // otherwise, with a compiled count, the two common geometry splits get compile-time trip counts too:
-  // RGB + latents (CG = 3, e.g. rh3dgs-lite's 3 + 8) and latents alone (CG = 0)
-  constexpr int64_t kRGB = 3;
-  constexpr bool kRGB8 = CT == kRGB + 8;
+  const int64_t n_vo = std::max(CG, C % 8);  // upstream channels needed lane-parallel (channel-major, bwd_unit)
   const int64_t TH = isect_offsets.size(1), TW = isect_offsets.size(2);
   const int64_t n_isects = flatten_ids.numel();
   // Per-intersection gradient rows: [xy(2), conic(3), opacity(1), depth(1), features(C)].
-  const int64_t S = 7 + C;
+  const int64_t SR = 7 + C;
   // Zeroed per tile inside the parallel loop (every intersection belongs to exactly one tile).
-  const auto isect_grad = huge_array<float>((size_t)n_isects * S);
+  const auto isect_grad = huge_array<float>((size_t)n_isects * SR);
 
   const float* xy = means2d.data_ptr<float>();
   const float* con = conics.data_ptr<float>();
@@ -259,18 +500,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
   const float* vd2 = v_d2.data_ptr<float>();
 
   const int64_t n_work = B * TH * TW;
-  const std::vector<PackedGaussian> packed = pack_gaussians(B * N, xy, con, opac);
+  const std::vector<PackedGaussian> packed = pack_gaussians(B * N, xy, con, opac, dep);
 #pragma omp parallel num_threads(at::get_num_threads())
   {
+    constexpr int W = Unit::W;  // W pixels of a tile row in the lanes of one register
     TileGaussians tg;  // the tile's Gaussians (structure of arrays)
-    // Per-row state, one SIMD lane per pixel of the tile row (L lanes, lanes >= nx are padding
-    // with no contributor and zero gradients).
-    const int64_t L = row_alpha_capacity(tile_size);
-    std::vector<float> rT(L), rTf(L), rbg(L), rb1(L), rb2(L), rvd1(L), rvd2(L), rva(L);
-    std::vector<float> ralpha(L), rvis(L), rra(L), rgf(C), rprod(C);
-    std::vector<float> rbuf(L * C);  // [L][C]: features composited behind, per pixel
-    std::vector<int32_t> rlastk(L);
-    TileRows rows;
+    std::vector<Unit::V> vo(std::max<int64_t>(n_vo, 1));  // upstream channels [0, n_vo), channel-major
+    alignas(64) float cm[8 * W];                     // scratch of the transposes
+    BwdCtx bc{feat, C, CG, bg, A, lasts, vr, va, vd1, vd2};
 #pragma omp for schedule(dynamic, 1)
     for (int64_t work = 0; work < n_work; ++work) {
       int64_t start, end;
@@ -278,136 +515,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
       if (end <= start) continue;
       const auto [b, y0, y1, x0, x1] = tile_rect(work, TH, TW, tile_size, height, width);
       const int64_t K = end - start;
-      std::fill(isect_grad.get() + start * S, isect_grad.get() + end * S, 0.0f);
-      tg.gather(packed.data(), fids, start, K);
-      prefetch_rows(feat, C, fids + start, K);
-      rows.begin(tg, y0, y1, x0, x1);
+      std::fill(isect_grad.get() + start * SR, isect_grad.get() + end * SR, 0.0f);
+      tg.begin(packed.data(), fids + start, K, x0, feat, C);
       const int64_t nx = x1 - x0;
+      bc.bgb = bg ? bg + b * C : nullptr;
       for (int64_t py = y0; py < y1; ++py) {
-        // Gaussian-major, back to front over this row, all pixels at once; per pixel the same
-        // operations in the same order as a back-to-front scan from its last contributor.
         const float fy = (float)py + 0.5f;
         const int64_t pix0 = (b * height + py) * width + x0;
-        const float* v_row = vr + pix0 * C;  // [nx][C], pixel-major
-        int64_t active = 0;
-        for (int64_t l = 0; l < L; ++l) {
-          rlastk[l] = -1;
-          rTf[l] = 1.0f; rbg[l] = rvd1[l] = rvd2[l] = rva[l] = 0.0f;
-          if (l >= nx) continue;
-          const int64_t pix = pix0 + l;
-          const int64_t last = lasts[pix];
-          rlastk[l] = last < start ? -1 : (int32_t)(last - start);
-          active += rlastk[l] >= 0;
-          rTf[l] = 1.0f - A[pix];
-          rvd1[l] = vd1[pix]; rvd2[l] = vd2[pix]; rva[l] = va[pix];
-          const float* v_out = v_row + l * C;
-          float bg_dot = 0.0f;
-          if (bg) for (int64_t c = 0; c < CG; ++c) bg_dot += bg[b * C + c] * v_out[c];
-          rbg[l] = bg_dot;
-        }
-        if (active == 0) continue;
-        for (int64_t l = 0; l < L; ++l) { rT[l] = rTf[l]; rb1[l] = rb2[l] = 0.0f; }
-        std::fill(rbuf.begin(), rbuf.end(), 0.0f);
-        // Gaussians behind every pixel's last contributor add nothing: start at the last that can
-        const int32_t max_last = *std::max_element(rlastk.begin(), rlastk.end());
-        rows.ensure(rows.chunk_of(max_last));
-        for (int64_t ch = rows.chunk_of(max_last); ch >= 0; --ch)
-        for (int64_t j = rows.row_size(ch, py - y0) - 1; j >= 0; --j) {
-          const int64_t k = rows.row(ch, py - y0)[j];
-          if (k > max_last) continue;
-          const int64_t isect = start + k;
-          const int64_t g = fids[isect];
-          const float a_ = tg.a[k], b_ = tg.b[k], c_ = tg.c[k], o = tg.o[k];
-          const float z = dep[g];
-          const float* f = feat + g * C;
-          float* grow = isect_grad.get() + (size_t)isect * S;
-          const int64_t item = rows.row_offset(ch, py - y0) + j;
-          row_alphas_span(tg.x[k], tg.y[k], a_, b_, c_, o, fy, x0, L, rows.lane_lo[item], rows.lane_hi[item],
-                          ralpha.data(), rvis.data());
-          // the pixels this pair contributes to: alpha kept, not behind the pixel's last contributor
-          uint64_t mask = lane_mask(ralpha.data(), rlastk.data(), (int32_t)k, L);
-          if (mask == 0) continue;
-#pragma omp simd
-          for (int64_t l = 0; l < L; ++l) rra[l] = 1.0f / (1.0f - ralpha[l]);  // vector divide, all lanes
-          const float dy = tg.y[k] - fy, mx0 = tg.x[k] - ((float)x0 + 0.5f);
-          // d features of this pair's Gaussian: the blocks' in registers (v16, split), the rest in gf
-          vf16 gb[kBlocks > 0 ? kBlocks : 1] = {};
-          vf8 g8{};  // RGB + 8 latents with RGB shaping the geometry (rh3dgs-lite): the latents' d features
-          float* gf = rgf.data();
-          if (!v16) std::fill(gf, gf + (split ? kHead : C), 0.0f);
-          float g0 = 0.0f, g1 = 0.0f, g2 = 0.0f, g3 = 0.0f, g4 = 0.0f, g5 = 0.0f, g6 = 0.0f;
-          for (; mask; mask &= mask - 1) {
-            const int64_t l = std::countr_zero(mask);
-            const float a = ralpha[l], vis = rvis[l];
-            const float ra = rra[l];
-            rT[l] *= ra;  // transmittance in front of this Gaussian
-            const float T = rT[l];
-            const float w = a * T;
-            const float* v_out = v_row + l * C;
-            float* buf = rbuf.data() + l * C;
-            // v_a (d loss / d alpha) from the features: sum_c (f_c T - behind_c / (1 - a)) v_out_c
-            float v_a;
-            if (v16) {
-              vf16 acc{};
-              for (int u = 0; u < kBlocks; ++u) {
-                const vf16 vo = load16(v_out + 16 * u), fu = load16(f + 16 * u), bu = load16(buf + 16 * u);
-                gb[u] += w * vo;
-                acc += (fu * T - bu * ra) * vo;
-                store16(buf + 16 * u, bu + fu * w);
-              }
-              v_a = hsum16(acc);
-            } else if (geo_all) {
-              v_a = channels_bwd<CT>(gf, rprod.data(), buf, f, v_out, w, T, ra, C);
-            } else if (split) {
-              v_a = channels_bwd<kHead>(gf, rprod.data(), buf, f, v_out, w, T, ra, kHead);
-              for (int u = 0; u < kBlocks; ++u) gb[u] += w * load16(v_out + kHead + 16 * u);
-            } else if (CT > 0 && CG == kRGB) {  // RGB shapes the geometry, the latents only their features
-              v_a = channels_bwd<kRGB>(gf, rprod.data(), buf, f, v_out, w, T, ra, kRGB);
-              if constexpr (kRGB8) {  // in a register, not through gf in memory per pair
-                g8 += w * load8(v_out + kRGB);
-              } else {
-#pragma omp simd
-                for (int64_t c = kRGB; c < (CT > 0 ? CT : C); ++c) gf[c] += w * v_out[c];
-              }
-            } else if (CT > 0 && CG == 0) {  // features alone on fixed geometry (distill)
-              v_a = 0.0f;
-#pragma omp simd
-              for (int64_t c = 0; c < (CT > 0 ? CT : C); ++c) gf[c] += w * v_out[c];
-            } else {  // the first CG channels as above; the others need only their feature gradient
-              v_a = channels_bwd<0>(gf, rprod.data(), buf, f, v_out, w, T, ra, CG);
-#pragma omp simd
-              for (int64_t c = CG; c < C; ++c) gf[c] += w * v_out[c];
-            }
-            const float v_D1 = rvd1[l], v_D2 = rvd2[l];
-            v_a += (z * T - rb1[l] * ra) * v_D1 + (z * z * T - rb2[l] * ra) * v_D2;
-            v_a += rTf[l] * ra * (rva[l] - rbg[l]);
-            g6 += w * (v_D1 + 2.0f * z * v_D2);
-            rb1[l] += z * w;
-            rb2[l] += z * z * w;
-            if (o * vis <= kAlphaMax) {  // a clamped alpha has no gradient w.r.t. opacity and sigma
-              const float v_sigma = -o * vis * v_a;
-              const float dx = mx0 - (float)l;
-              g0 += v_sigma * (a_ * dx + b_ * dy);
-              g1 += v_sigma * (b_ * dx + c_ * dy);
-              g2 += 0.5f * v_sigma * dx * dx;
-              g3 += v_sigma * dx * dy;
-              g4 += 0.5f * v_sigma * dy * dy;
-              g5 += vis * v_a;
-            }
-          }
-          if (v16 || split) {
-            for (int c = 0; c < kHead; ++c) grow[7 + c] += gf[c];  // split's head (v16: kHead = 0)
-            float* gblk = grow + 7 + kHead;
-            for (int u = 0; u < kBlocks; ++u) store16(gblk + 16 * u, load16(gblk + 16 * u) + gb[u]);
-          } else if (kRGB8 && CG == kRGB) {
-            for (int64_t c = 0; c < kRGB; ++c) grow[7 + c] += gf[c];
-            store8(grow + 7 + kRGB, load8(grow + 7 + kRGB) + g8);
-          } else {
-#pragma omp simd
-            for (int64_t c = 0; c < C; ++c) grow[7 + c] += gf[c];
-          }
-          grow[0] += g0; grow[1] += g1; grow[2] += g2; grow[3] += g3; grow[4] += g4; grow[5] += g5; grow[6] += g6;
-        }
+        for (int64_t u0 = 0; u0 < nx; u0 += W)
+          bwd_unit<CT>(tg, fy, x0, u0, (int)std::min<int64_t>(W, nx - u0), bc, pix0, start, isect_grad.get() + start * SR,
+                       vo.data(), cm);
       }
     }
   }
@@ -430,7 +547,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
     for (int64_t i = 0; i < n_isects; ++i) {
       const int64_t g = fids[i];
       if (g < g0 || g >= g1) continue;
-      const float* row = isect_grad.get() + (size_t)i * S;
+      const float* row = isect_grad.get() + (size_t)i * SR;
       gxy[2 * g] += row[0]; gxy[2 * g + 1] += row[1];
       gcon[3 * g] += row[2]; gcon[3 * g + 1] += row[3]; gcon[3 * g + 2] += row[4];
       gop[g] += row[5];

@@ -14,22 +14,30 @@
 #include <ATen/Parallel.h>
 
 #include "../common.h"
+#include "fastmath.h"
 #include "row_alpha.h"
+#include "simd.h"
 #include "vec16.h"
 
 namespace rh3dgs {
 
-// One Gaussian of one view as the CPU kernels read it: 2D mean, conic, opacity and the
-// half-widths (ex, ey) of the box outside which its alpha < 1/255 (ex = -1: it never reaches
-// 1/255; 1e30: degenerate conic, no culling). One 32-byte record, so gathering a tile's
-// Gaussians costs one cache line each instead of one per input array.
-struct PackedGaussian {
-  float x, y, a, b, c, o, ex, ey;
+// One Gaussian of one view as the CPU kernels read it, one 64-byte record (one cache line per Gaussian
+// gathered into a tile): 2D mean, conic, opacity, a / 2 and c / 2 (sigma's terms), depth, and the terms of
+// TileGaussians' row test: the box half-height ey (outside the box alpha < 1/255), b / a, 1 / ey_w^2, hx0 and the
+// slack, computed once per Gaussian rather than per tile intersection; kind: 0 = never reaches alpha 1/255,
+// 1 = a proper conic, 2 = degenerate (no culling).
+struct alignas(64) PackedGaussian {
+  float x, y, a, b, c, o, h, hc, z, ey, ba, inv_ey2, hx0, slack, kind, pad;
 };
+static_assert(sizeof(PackedGaussian) == 64, "one cache line per Gaussian");
+constexpr int kPackedFields = 16;
 
-// Packs n Gaussians (means2d [n,2], conics [n,3], opacities [n]) with their extents, in
-// parallel: per Gaussian once, not per tile intersection.
-inline std::vector<PackedGaussian> pack_gaussians(int64_t n, const float* xy, const float* con, const float* opac) {
+// Packs n Gaussians (means2d [n,2], conics [n,3], opacities [n], depths [n] or nullptr) in parallel: per Gaussian
+// once, not per tile intersection. The row test's terms: the ellipse sigma <= s (s = log(255 o)) has half-widths
+// ex = sqrt(2 s cov_xx), ey = sqrt(2 s cov_yy) (rounded up: * 1.001 + 0.01), and on the row at dy the half-width
+// hx0 sqrt(1 - dy^2 / ey_w^2) around x_c = mx + (b / a) dy, with ey_w = ey * 1.005 + 0.05 and hx0 = ey_w sqrt(det) / a.
+inline std::vector<PackedGaussian> pack_gaussians(int64_t n, const float* xy, const float* con, const float* opac,
+                                                  const float* depths = nullptr) {
   std::vector<PackedGaussian> out(n);
   at::parallel_for(0, n, 2048, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
@@ -47,30 +55,21 @@ inline std::vector<PackedGaussian> pack_gaussians(int64_t n, const float* xy, co
         if (!(ex < 1e29f)) ex = 1e30f;
         if (!(ey < 1e29f)) ey = 1e30f;
       }
-      out[g] = {xy[2 * g], xy[2 * g + 1], a, b, c, o, ex, ey};
+      PackedGaussian& q = out[g];
+      q.x = xy[2 * g], q.y = xy[2 * g + 1], q.a = a, q.b = b, q.c = c, q.o = o;
+      q.h = 0.5f * a, q.hc = 0.5f * c, q.z = depths ? depths[g] : 0.0f, q.ey = ey, q.pad = 0.0f;
+      q.kind = !(ex >= 0.0f) ? 0.0f : (ex < 1e29f && ey < 1e29f) ? 1.0f : 2.0f;
+      const float ia = 1.0f / a, eyw = ey * 1.005f + 0.05f;
+      q.ba = b * ia, q.inv_ey2 = 1.0f / (eyw * eyw), q.hx0 = eyw * std::sqrt(a * c - b * b) * ia;
+      q.slack = 0.05f + 1e-6f * (std::fabs(q.x) + eyw);
     }
   });
   return out;
 }
 
-// The Gaussians of one tile in depth order (structure of arrays, index k = position in the tile).
-struct TileGaussians {
-  std::vector<float> x, y, a, b, c, o, ex, ey;
-
-  // Gaussians flatten_ids[start .. start + K) of the packed array.
-  void gather(const PackedGaussian* pg, const int32_t* fids, int64_t start, int64_t K) {
-    for (auto* v : {&x, &y, &a, &b, &c, &o, &ex, &ey}) v->resize(K);
-    for (int64_t k = 0; k < K; ++k) {
-      const PackedGaussian& g = pg[fids[start + k]];
-      x[k] = g.x; y[k] = g.y; a[k] = g.a; b[k] = g.b; c[k] = g.c; o[k] = g.o; ex[k] = g.ex; ey[k] = g.ey;
-    }
-  }
-};
-
 // Prefetches rows ids[0 .. K) of a [*, C] float table (the tile's features). The kernels read a
 // Gaussian's row once per (Gaussian, pixel row) segment, at an address known only then: for a table
-// larger than L2 (e.g. 153k x 19 floats) each read waited for L3 or memory. Issued in one stream
-// while the tile is gathered, the fetches overlap.
+// larger than L2 (e.g. 153k x 19 floats) each read waited for L3 or memory.
 inline void prefetch_rows(const float* table, int64_t C, const int32_t* ids, int64_t K) {
   for (int64_t k = 0; k < K; ++k) {
     const uintptr_t first = reinterpret_cast<uintptr_t>(table + (int64_t)ids[k] * C);
@@ -78,6 +77,111 @@ inline void prefetch_rows(const float* table, int64_t C, const int32_t* ids, int
       __builtin_prefetch(reinterpret_cast<const void*>(line));
   }
 }
+
+// The Gaussians of one tile in depth order (structure of arrays, index k = position in the tile), and which of
+// them can reach alpha 1/255 on a pixel row, G = kNativeLanes Gaussians at a time as a bit mask (mask()).
+//
+// Filled lazily, G Gaussians at a time (ensure): a row's traversal reaches the next G Gaussians only when its
+// pixels have not all ended, so the Gaussians behind every pixel of the tile are never gathered or tested (on the
+// 512x512 viewer scene only 21 % of the tiles' Gaussians composite onto any pixel; gathering all of them and
+// listing each on every row it crosses, as the kernels did before, was a third of the forward). Padded to whole
+// groups with Gaussians that never reach 1/255 (ex = -1).
+//
+// The row test is exact per row, not per box: on row y the set sigma <= s (s = log(255 o), kSigmaSkip at most)
+// is the interval x_c(y) +- hx0 sqrt(1 - dy^2 / ey_s^2) with x_c = mx + (b / a) dy, ey_s = sqrt(2 s a / det) the
+// ellipse's half-height and hx0 = ey_s sqrt(det) / a; ey (the box, already rounded up) widened once more stands in
+// for ey_s (no log per pair). Margins (ey * 1.005 + 0.05, half-width * 1.001 + 0.05 px + 1e-6 of the coordinates)
+// keep it conservative against the float rounding of sigma: a pair it drops has alpha < 1/255 and would be skipped
+// by the alpha rule anyway, so results are those of scanning every Gaussian (checked lane by lane on the real
+// splats, where it drops 26-36 % of the box's (Gaussian, row) pairs).
+struct TileGaussians {
+  static constexpr int G = kNativeLanes;
+  using S = Lanes<G>;
+  int64_t K = 0, n_groups = 0, ready = 0;  // groups [0, ready) are filled
+  // the PackedGaussian fields (structure of arrays, f[field][k]), then xg = mx - (x0 + 0.5) (x0: the tile's first
+  // column) and the Gaussians' indices (ids) into the packed array
+  std::vector<float> f[kPackedFields];
+  std::vector<float> xg;
+  std::vector<int32_t> id;
+  std::vector<uint32_t> valid, degen;  // per group: can reach 1/255; degenerate conic (every row)
+  const float *x, *y, *a, *b, *c, *o, *h, *hc, *z, *ba, *inv_ey2, *hx0, *slack;
+
+  static int64_t group_of(int64_t k) { return k / G; }
+
+  // Gaussians ids[0 .. K) of the packed array (ids: the tile's run of flatten_ids) in a tile whose first pixel
+  // column is x0; their feature rows (table [*, C], if given) are prefetched ahead of their use.
+  void begin(const PackedGaussian* pg, const int32_t* ids, int64_t K_, int64_t x0, const float* table = nullptr,
+             int64_t C = 0) {
+    pg_ = pg, ids_ = ids, table_ = table, C_ = C, xc0_ = (float)x0 + 0.5f;
+    K = K_, n_groups = (K + G - 1) / G, ready = 0;
+    const size_t Kp = (size_t)(n_groups * G);
+    if (xg.size() < Kp) {
+      for (auto& v : f) v.resize(Kp);
+      xg.resize(Kp), id.resize(Kp), valid.resize(n_groups), degen.resize(n_groups);
+    }
+    x = f[0].data(), y = f[1].data(), a = f[2].data(), b = f[3].data(), c = f[4].data(), o = f[5].data();
+    h = f[6].data(), hc = f[7].data(), z = f[8].data(), ba = f[10].data(), inv_ey2 = f[11].data();
+    hx0 = f[12].data(), slack = f[13].data();
+    prefetch_group(0), prefetch_group(1);
+  }
+  // Groups [0, g] filled (and one more: its records and feature rows are on their way when it is reached).
+  void ensure(int64_t g) {
+    if (g < ready) return;
+    const int64_t g1 = std::min(n_groups, g + 2);
+    for (; ready < g1; ++ready) {
+      prefetch_group(ready + 2);
+      fill(ready);
+    }
+  }
+
+  // Bit i set for Gaussian G g + i (group g filled) if its alpha can reach 1/255 at a pixel centre of the row at
+  // fy in the pixel columns [c0, c1] (absolute, c0 <= c1).
+  uint32_t mask(int64_t g, float fy, float c0, float c1) const {
+    const int64_t k = g * G;
+    const vfn dy = loadn(y + k) - fy;
+    const vfn rem = 1.0f - dy * dy * loadn(inv_ey2 + k);
+    const vfn hw = loadn(hx0 + k) * sqrtn(rem < 0.0f ? splatn(0.0f) : rem) * 1.001f + loadn(slack + k);
+    const vfn xc = loadn(x + k) + loadn(ba + k) * dy;
+    vfn lo = ceiln(xc - hw - 0.5f), hi = floorn(xc + hw - 0.5f);
+    lo = lo < c0 ? splatn(c0) : lo;
+    hi = hi > c1 ? splatn(c1) : hi;
+    const uint32_t hit = S::bits(S::le(splatn(0.0f), rem)) & S::bits(S::le(lo, hi));
+    return (hit | degen[g]) & valid[g];
+  }
+
+ private:
+  void prefetch_group(int64_t g) {
+    if (g >= n_groups) return;
+    const int64_t k0 = g * G, k1 = std::min(K, k0 + G);
+    for (int64_t k = k0; k < k1; ++k) __builtin_prefetch(pg_ + ids_[k]);
+    if (table_) prefetch_rows(table_, C_, ids_ + k0, k1 - k0);
+  }
+  // The G records of group g, transposed into the field arrays 8 x 8 floats at a time.
+  void fill(int64_t g) {
+    const int64_t k0 = g * G, n = std::min<int64_t>(G, K - k0);
+    static const PackedGaussian kNone = {0, 0, 1, 0, 1, 0, 0.5f, 0.5f, 0, -1, 0, 0, 0, 0, 0, 0};
+    for (int64_t j = 0; j < G; j += 8) {
+      const PackedGaussian* r[8];
+      for (int i = 0; i < 8; ++i) r[i] = j + i < n ? pg_ + ids_[k0 + j + i] : &kNone;
+      for (int h8 = 0; h8 < kPackedFields; h8 += 8) {
+        vf8 t[8];
+        for (int i = 0; i < 8; ++i) t[i] = load8(&r[i]->x + h8);
+        transpose8(t);
+        for (int i = 0; i < 8; ++i) store8(f[h8 + i].data() + k0 + j, t[i]);
+      }
+    }
+    for (int64_t i = 0; i < G; ++i) id[k0 + i] = i < n ? ids_[k0 + i] : 0;
+    storen(xg.data() + k0, loadn(x + k0) - xc0_);
+    const vfn kind = loadn(f[14].data() + k0);
+    valid[g] = S::bits(S::le(splatn(0.5f), kind));
+    degen[g] = S::bits(S::le(splatn(1.5f), kind));
+  }
+  const PackedGaussian* pg_ = nullptr;
+  const int32_t* ids_ = nullptr;
+  const float* table_ = nullptr;
+  int64_t C_ = 0;
+  float xc0_ = 0.0f;
+};
 
 // Tile `work` (camera-major flat index) of a [B, TH, TW] grid of tile_size tiles over H x W
 // images: camera b, pixel rows [y0, y1) and columns [x0, x1) (clipped to the image).
@@ -90,145 +194,60 @@ inline TileRect tile_rect(int64_t work, int64_t TH, int64_t TW, int64_t tile_siz
   return {work / (TH * TW), y0, std::min<int64_t>(y0 + tile_size, H), x0, std::min<int64_t>(x0 + tile_size, W)};
 }
 
-struct TileRows {
-  // The lists are built lazily, a chunk of kChunk Gaussians (in depth order) at a time, when a row's
-  // traversal first reaches the chunk (ensure): on dense scenes most of a tile's Gaussians lie behind pixels
-  // that have already ended and no row ever reaches them (the viewer scene at 512x512: 21 % of the tiles'
-  // Gaussians composite onto any pixel, and listing all of them for every row was a quarter of the forward).
-  // Row r's list within chunk c is items[(c * rows + r) * kChunk .. + count[c * rows + r]) (k ascending),
-  // with per item the first / last pixel (lane) of the row it can reach.
-  static constexpr int64_t kChunk = 64;
-  int64_t K = 0, rows = 0, n_chunks = 0, built = 0;  // chunks [0, built) are listed
-  std::vector<int32_t> count;
-  std::vector<int32_t> items;
-  std::vector<uint8_t> lane_lo, lane_hi;
-
-  int64_t chunk_of(int64_t k) const { return k / kChunk; }
-  int64_t list(int64_t c, int64_t r) const { return c * rows + r; }  // index of row r's list in chunk c
-  const int32_t* row(int64_t c, int64_t r) const { return items.data() + list(c, r) * kChunk; }
-  int64_t row_size(int64_t c, int64_t r) const { return count[list(c, r)]; }
-  int64_t row_offset(int64_t c, int64_t r) const { return list(c, r) * kChunk; }  // index of the list's first item
-
-  // The tile's Gaussians t (K of them); rows y0 .. y1-1 and columns x0 .. x1-1 of the image. Nothing is
-  // listed yet: ensure(c) lists chunks [0, c].
-  void begin(const TileGaussians& t, int64_t y0, int64_t y1, int64_t x0, int64_t x1) {
-    tg_ = &t, y0_ = y0, x0_ = x0, x1_ = x1;
-    K = (int64_t)t.x.size(), rows = y1 - y0, n_chunks = (K + kChunk - 1) / kChunk, built = 0;
-    const size_t n = (size_t)(n_chunks * rows);
-    if (count.size() < n) count.resize(n);
-    if (items.size() < n * kChunk) {
-      items.resize(n * kChunk); lane_lo.resize(n * kChunk); lane_hi.resize(n * kChunk);
-    }
-  }
-  void ensure(int64_t c) {
-    for (; built <= c && built < n_chunks; ++built) build(built);
-  }
-
-  // Lists chunk c: a Gaussian is listed on a row if its alpha can reach 1/255 at a pixel centre of that row
-  // inside the tile's columns, with the lanes [lane_lo, lane_hi] that can. The test is exact
-  // per row, not per box: on row y the set sigma <= s (s = log(255 o), kSigmaSkip at most) is the
-  // interval x_c(y) +- hx0 sqrt(1 - dy^2 / ey^2) with x_c = mx + (b / a) dy (see below).
-  // Margins (the box's ey * 1.005 + 0.05, half-width * 1.001 + 0.05 px + 1e-6 of the coordinates)
-  // keep it conservative against the float rounding of sigma, so results are those of scanning
-  // every Gaussian (checked lane by lane on the real splats). Rows are tested 8 or 16 at a time. On real splats this
-  // drops 26-36 % of the box's (Gaussian, row) pairs, and 70 % of the rest fit in half a row.
-  void build(int64_t ch) {
-    const TileGaussians& t = *tg_;
-    const int64_t y0 = y0_, y1 = y0_ + rows, x0 = x0_, x1 = x1_;
-    const float *lx = t.x.data(), *ly = t.y.data(), *lex = t.ex.data(), *ley = t.ey.data();
-    int32_t* cnt = count.data() + ch * rows;
-    std::fill(cnt, cnt + rows, 0);
-    const auto add = [&](int64_t r, int64_t k, int lo, int hi) {
-      const int64_t j = (ch * rows + r) * kChunk + cnt[r]++;
-      items[j] = (int32_t)k; lane_lo[j] = (uint8_t)lo; lane_hi[j] = (uint8_t)hi;
-    };
-    const float xmin = (float)x0, xmax = (float)(x1 - 1);
-    vfn iota;
-    for (int l = 0; l < kNativeLanes; ++l) iota[l] = (float)l;
-    for (int64_t k = ch * kChunk; k < std::min(K, (ch + 1) * kChunk); ++k) {
-      const float ex = lex[k], ey = ley[k];
-      if (!(ex >= 0.0f)) continue;  // never reaches alpha 1/255
-      // columns whose centre (px + 0.5) lies in [lx - ex, lx + ex]
-      const double c0 = std::ceil((double)(lx[k] - ex) - 0.5), c1 = std::floor((double)(lx[k] + ex) - 0.5);
-      if (std::max((double)x0, std::max(c0, -1e15)) > std::min((double)(x1 - 1), std::min(c1, 1e15))) continue;
-      // rows whose centre (py + 0.5) lies in [ly - ey, ly + ey]
-      const double r0 = std::ceil((double)ly[k] - ey - 0.5), r1 = std::floor((double)ly[k] + ey - 0.5);
-      const int64_t a0 = std::max<int64_t>(y0, (int64_t)std::max(r0, -1e15)) - y0;
-      const int64_t a1 = std::min<int64_t>(y1 - 1, (int64_t)std::min(r1, 1e15)) - y0;
-      if (a0 > a1) continue;
-      if (!(ex < 1e29f)) {  // degenerate conic: every lane of every row of the box
-        for (int64_t r = a0; r <= a1; ++r) add(r, k, 0, (int)(x1 - 1 - x0));
-        continue;
-      }
-      // The ellipse sigma <= s has half-height ey_s = sqrt(2 s a / det) and, on the row at dy,
-      // half-width hx0 sqrt(1 - dy^2 / ey_s^2) around x_c = mx + (b / a) dy, hx0 = ey_s sqrt(det) / a.
-      // ey (the box, already rounded up) widened once more stands in for ey_s: no log per pair.
-      const float a = t.a[k], b = t.b[k], c = t.c[k];
-      const float ia = 1.0f / a, ba = b * ia, mx = lx[k];
-      const float eyw = ey * 1.005f + 0.05f, inv_ey2 = 1.0f / (eyw * eyw);
-      const float hx0 = eyw * std::sqrt(a * c - b * b) * ia;
-      const float slack = 0.05f + 1e-6f * (std::fabs(mx) + eyw);
-      // the box's rows, kNativeLanes at a time: interval per row, then the hits appended in order
-      for (int64_t rb = a0; rb <= a1; rb += kNativeLanes) {
-        const vfn r = iota + (float)rb;
-        const vfn dy = ly[k] - ((float)y0 + 0.5f + r);
-        const vfn rem = 1.0f - dy * dy * inv_ey2;
-        const vfn hw = hx0 * sqrtn(rem < 0.0f ? splatn(0.0f) : rem) * 1.001f + slack;
-        const vfn xc = mx + ba * dy;
-        vfn lo = ceiln(xc - hw - 0.5f), hi = floorn(xc + hw - 0.5f);
-        lo = lo < xmin ? splatn(xmin) : lo;
-        hi = hi > xmax ? splatn(xmax) : hi;
-        const int64_t m = std::min<int64_t>(kNativeLanes, a1 - rb + 1);
-        for (int l = 0; l < m; ++l) {
-          if (rem[l] >= 0.0f && lo[l] <= hi[l]) add(rb + l, k, (int)(lo[l] - xmin), (int)(hi[l] - xmin));
-        }
-      }
-    }
-  }
-
- private:
-  const TileGaussians* tg_ = nullptr;
-  int64_t y0_ = 0, x0_ = 0, x1_ = 0;
-};
-
-// Front-to-back compositing of one pixel row of a tile, Gaussian-major (forward rasterizer and
-// aggregation). Pixel lanes l < L with limit[l] >= 0 are open (INT32_MAX; -1 = closed or
-// padding), T[l] their transmittance. For each Gaussian k of the row, in depth order, while
-// fewer than n_open pixels have ended: seg(k, pairs), where pairs(fn) calls fn(l, alpha, T)
-// for each pixel the Gaussian composites onto (alpha kept, pixel open), in pixel order, with T
-// the transmittance in front of it; T[l] is then updated. A pixel whose T would fall to
-// <= 1e-4 ends before this Gaussian (limit -1). Per pixel: exactly a front-to-back scan.
+// Front-to-back compositing of one pixel row of a tile, Gaussian-major, with a per-contribution callback (the
+// aggregation; the forward rasterizer runs the same traversal with its own accumulators, rasterize.cpp): the
+// row's pixels [0, nx) in units of Unit::W lanes, each unit over the Gaussians that TileGaussians::mask finds for
+// its columns, in depth order. Pixel lanes l with limit[l] >= 0 are open (limit -1: closed), T[l] their transmittance (T and
+// limit hold row_alpha_capacity(tile_size) lanes). For each Gaussian k that composites onto an open pixel of a
+// unit: seg(k, pairs), where pairs(fn) calls fn(l, alpha, T) for each pixel it composites onto (alpha kept, pixel
+// open), in pixel order, with T the transmittance in front of it; T[l] is then updated. A pixel whose T would
+// fall to <= 1e-4 ends before this Gaussian. Per pixel: exactly a front-to-back scan. The recording forward
+// records its contributions in this order (unit by unit), which the aggregation's replays rely on.
 template <typename Segment>
-inline void composite_row(const TileGaussians& tg, TileRows& rows, int64_t r, float fy, int64_t x0, int64_t L,
-                          int64_t n_open, float* T, int32_t* limit, float* alpha, float* vis, Segment&& seg) {
-  int64_t n_done = 0;
-  for (int64_t ch = 0; ch < rows.n_chunks && n_done < n_open; ++ch) {
-    rows.ensure(ch);
-    const int32_t* row = rows.row(ch, r);
-    const int64_t n_row = rows.row_size(ch, r);
-    const int64_t i0 = rows.row_offset(ch, r);
-    for (int64_t j = 0; j < n_row && n_done < n_open; ++j) {
-      const int64_t k = row[j];
-      row_alphas_span(tg.x[k], tg.y[k], tg.a[k], tg.b[k], tg.c[k], tg.o[k], fy, x0, L, rows.lane_lo[i0 + j],
-                      rows.lane_hi[i0 + j], alpha, vis);
-      uint64_t mask = lane_mask(alpha, limit, (int32_t)k, L);
-      if (mask == 0) continue;
-      auto pairs = [&](auto&& fn) {
-        for (; mask; mask &= mask - 1) {
-          const int64_t l = std::countr_zero(mask);
-          const float a = alpha[l];
-          const float next_T = T[l] * (1.0f - a);
-          if (next_T <= kTransmittanceMin) {  // the pixel ends before this Gaussian
-            limit[l] = -1;
-            ++n_done;
-            continue;
+inline void composite_row(TileGaussians& tg, float fy, int64_t x0, int64_t nx, float* T,
+                          const int32_t* limit, Segment&& seg) {
+  using S = Unit;
+  using V = S::V;
+  using M = S::M;
+  constexpr int W = S::W;
+  V iota;
+  for (int l = 0; l < W; ++l) iota[l] = (float)l;
+  for (int64_t u0 = 0; u0 < nx; u0 += W) {
+    const int nu = (int)std::min<int64_t>(W, nx - u0);
+    uint32_t open_bits = 0;
+    for (int l = 0; l < nu; ++l) open_bits |= (uint32_t)(limit[u0 + l] >= 0) << l;
+    if (!open_bits) continue;
+    M open = S::from_bits(open_bits);
+    V Tv = S::load(T + u0);
+    const V px = iota + (float)u0;
+    const float c0 = (float)(x0 + u0), c1 = (float)(x0 + u0 + nu - 1);
+    for (int64_t g = 0; g < tg.n_groups && S::any(open); ++g) {
+      tg.ensure(g);
+      for (uint32_t m = tg.mask(g, fy, c0, c1); m && S::any(open); m &= m - 1) {
+        const int64_t k = g * TileGaussians::G + std::countr_zero(m);
+        const float dy = tg.y[k] - fy;
+        V vis;
+        M ok;
+        const V al = alpha_kept<W>(tg.xg[k], tg.h[k], tg.hc[k] * dy * dy, tg.b[k] * dy, tg.o[k], px, ok, vis);
+        const M live = ok & open;
+        if (!S::any(live)) continue;
+        const V next_T = Tv * (1.0f - al);
+        const M ends = S::le(next_T, splat<V>(kTransmittanceMin)) & live;  // the pixel ends before this Gaussian
+        open = S::andnot(ends, open);
+        const M on = S::andnot(ends, live);
+        alignas(64) float ab[W], tb[W];
+        S::store(ab, al);
+        S::store(tb, Tv);
+        seg(k, [&](auto&& fn) {
+          for (uint32_t q = S::bits(on); q; q &= q - 1) {
+            const int l = std::countr_zero(q);
+            fn((int64_t)(u0 + l), ab[l], tb[l]);
           }
-          fn(l, a, T[l]);
-          T[l] = next_T;
-        }
-      };
-      seg(k, pairs);
+        });
+        Tv = S::blend(on, next_T, Tv);
+      }
     }
+    S::store(T + u0, Tv);
   }
 }
 

@@ -75,7 +75,7 @@ inline vf16 load16(const float* p) {
 
 inline void store16(float* p, vf16 v) { std::memcpy(p, &v, sizeof(v)); }
 
-// 8 floats (one AVX register): RowAccum's block for C % 16 >= 8 (RGB + 8 latents) and the backward's
+// 8 floats (one AVX register): the transposes' rows and the backward's
 // 8 latents' feature gradients.
 typedef float vf8 __attribute__((vector_size(32)));
 
@@ -108,64 +108,5 @@ inline void axpy(float* __restrict acc, float w, const float* __restrict x, int6
   for (; c + 16 <= n; c += 16) store16(acc + c, load16(acc + c) + w * load16(x + c));
   for (; c < n; ++c) acc[c] += w * x[c];
 }
-
-// Per-pixel channel accumulators of one tile row (L pixels x C channels) for the forward
-// compositing. The first R = C % 8 channels (RGB in RGB + 8 / 16 / 32 latents) are scalars; an
-// 8-float block follows when C % 16 >= 8 (e.g. rh3dgs-lite's 8 latents after RGB: C = 11), then the
-// 16-float blocks; each block is stored as an aligned vector per pixel. Adding a contribution is R scalar
-// and one vector multiply-add per block, acc += w * f, the same per-channel operation as axpy() (the
-// scalars and 16-blocks give its bits; the 8-block's sums can differ from it by an ulp, measured 6e-8),
-// without the misaligned, line-crossing loads and stores of a packed [L][C] row (8 latents as scalars made the forward 1.20-1.32x the C = 3 one at 512x512). CT > 0 only.
-template <int CT>
-struct RowAccum {
-  static_assert(CT > 0, "compile-time channel count");
-  static constexpr int kR = CT % 8, kE = (CT % 16) / 8, kV = CT / 16;  // scalars, 8-blocks (0 / 1), 16-blocks
-  std::vector<float> head;  // [L][kR]
-  std::vector<vf8> eight;   // [L][kE]
-  std::vector<vf16> vec;    // [L][kV]
-
-  explicit RowAccum(int64_t L)
-      : head((size_t)L * (kR > 0 ? kR : 1)), eight((size_t)L * (kE > 0 ? kE : 1)), vec((size_t)L * (kV > 0 ? kV : 1)) {}
-  void clear() {
-    std::fill(head.begin(), head.end(), 0.0f);
-    std::fill(eight.begin(), eight.end(), vf8{});
-    std::fill(vec.begin(), vec.end(), vf16{});
-  }
-  // One Gaussian's feature row, loaded once per (Gaussian, row) segment: its contributions then
-  // read it from registers (it was re-read, unaligned, for every pixel of the segment).
-  struct Row {
-    float h[kR > 0 ? kR : 1];
-    vf8 e;
-    vf16 v[kV > 0 ? kV : 1];
-  };
-  static inline Row load(const float* __restrict f) {
-    Row r;
-    for (int c = 0; c < kR; ++c) r.h[c] = f[c];
-    if constexpr (kE > 0) r.e = load8(f + kR);
-    for (int u = 0; u < kV; ++u) r.v[u] = load16(f + kR + 8 * kE + 16 * u);
-    return r;
-  }
-  inline void add(int64_t l, float w, const Row& f) {
-    float* h = head.data() + l * kR;
-    for (int c = 0; c < kR; ++c) h[c] += w * f.h[c];
-    if constexpr (kE > 0) eight[l] += w * f.e;
-    vf16* v = vec.data() + l * kV;
-    for (int u = 0; u < kV; ++u) v[u] += w * f.v[u];
-  }
-  // Pixel l's CT channels into out: acc + T bg (bg: CT floats, or nullptr for none: acc + 0), the
-  // blocks as vector stores (the channel-by-channel copy was a lane extraction per channel).
-  inline void store(int64_t l, float* __restrict out, const float* __restrict bg, float T) const {
-    for (int c = 0; c < kR; ++c) out[c] = head[l * kR + c] + (bg ? T * bg[c] : 0.0f);
-    if constexpr (kE > 0) {
-      const vf8 b = bg ? T * load8(bg + kR) : vf8{};
-      store8(out + kR, eight[l] + b);
-    }
-    for (int u = 0; u < kV; ++u) {
-      const float* bu = bg ? bg + kR + 8 * kE + 16 * u : nullptr;
-      const vf16 b = bu ? T * load16(bu) : vf16{};
-      store16(out + kR + 8 * kE + 16 * u, vec[l * kV + u] + b);
-    }
-  }
-};
 
 }  // namespace rh3dgs
