@@ -1,12 +1,14 @@
 """PLY I/O: bit-exact round trips, INRIA compatibility, and clear errors on bad files."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
 from plyfile import PlyData, PlyElement
 
-from rh3dgs.errors import NonFiniteError, PlyFormatError, ShapeError
+from rh3dgs.errors import InputFileError, NonFiniteError, PlyFormatError, ShapeError
 from rh3dgs.gaussians import Gaussians
 from rh3dgs.io.ply import load_ply, ply_field_names, save_ply
 
@@ -691,10 +693,16 @@ def test_splat_transform_round_trip_is_refused_not_misread(tmp_path, latent_dtyp
     h = load_ply(out, latents=False)
     assert h.latents is None and len(h) == len(g)
     assert_same_3dgs_fields(g, h)
-    # a scene folder whose semantic.ply went through the converter: refused before any query runs
+    # a scene folder whose semantic.ply went through the converter: refused before any query runs, by the
+    # scene's file record (its size and sha256 in rh3dgs.json) and, in a scene without records, by the column
     field = SemanticField(g.latents, torch.nn.functional.normalize(torch.randn(8, 4), dim=0))
     scene_dir = save_scene(tmp_path / "scene", g, field, latent_dtype=latent_dtype)
     (scene_dir / "semantic.ply").write_bytes(out.read_bytes())
+    with pytest.raises(InputFileError, match="semantic.ply: changed since rh3dgs wrote the scene"):
+        rh3dgs.load(scene_dir)
+    meta = json.loads((scene_dir / "rh3dgs.json").read_text())
+    del meta["files"]  # as an rh3dgs from before the records wrote it
+    (scene_dir / "rh3dgs.json").write_text(json.dumps(meta))
     with pytest.raises(PlyFormatError, match="sem_0"):
         rh3dgs.load(scene_dir)
 

@@ -148,7 +148,14 @@ def test_every_ns_command_refuses_a_python_tag_and_creates_nothing(tmp_path):
     marker = tmp_path / "MARKER"
     cfg = _run_config(tmp_path, _payload(marker))
     before = sorted(tmp_path.rglob("*"))
+    # ns-export imports open3d before anything (nerfstudio's exporter), and open3d needs libusb at import: on a
+    # machine without it ns-export cannot start at all, whatever the config (scripts/setup_system.sh colmap)
+    open3d = subprocess.run([sys.executable, "-c", "import open3d"], env=env, capture_output=True).returncode == 0
+    tried = []
     for cmd, args in COMMANDS.items():
+        if cmd == "ns-export" and not open3d:
+            continue
+        tried.append(cmd)
         p = subprocess.run([str(BIN / cmd), *[a.format(cfg=cfg) for a in args]], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=300)
         ours = [ln for ln in p.stderr.splitlines() if ln.startswith(f"{cmd}: error: ")]
@@ -159,3 +166,6 @@ def test_every_ns_command_refuses_a_python_tag_and_creates_nothing(tmp_path):
         assert not marker.exists() and all(p.is_dir() and not any(p.iterdir()) for p in new), (cmd, new)
         for p in new:
             p.rmdir()
+    if not open3d:
+        pytest.skip(f"{', '.join(tried)} refused the tag and created nothing; ns-export not run: open3d cannot be "
+                    "imported here (it needs libusb-1.0: scripts/setup_system.sh colmap)")
