@@ -483,8 +483,8 @@ class Extract:
 
 
 @dataclass
-class Lift:
-    """Training-free lift of teacher features into a 3DGS PLY -> a semantic scene folder."""
+class _SceneJob:
+    """What a job that writes a semantic scene folder from a 3DGS PLY and a dataset names first (lift, distill)."""
 
     scene: ScenePath
     """3DGS PLY (INRIA layout) in the dataset's frame (or see --frame)"""
@@ -494,6 +494,12 @@ class Lift:
     """semantic scene folder to write"""
     frame: Literal["auto", "data", "nerfstudio", "capture"] = "auto"
     """frame of the PLY (auto: detected; nerfstudio: ns-export's)"""
+
+
+@dataclass
+class Lift(_SceneJob):
+    """Training-free lift of teacher features into a 3DGS PLY -> a semantic scene folder."""
+
     config: Annotated[Optional[str], arg(metavar="YAML")] = None
     """YAML preset of the lift's settings; options given here win"""
     lift: Annotated[LiftOptions, arg(name="")] = field(default_factory=LiftOptions)
@@ -634,19 +640,11 @@ class DistillOptions(DistillConfig):
 
 
 @dataclass
-class Distill:
+class Distill(_SceneJob):
     """The lift, then semantic distillation (the VCD + VFM + LIC objective) on the PLY's fixed Gaussians -> a semantic
     scene folder. Data-parallel over K processes: torchrun --nproc_per_node=K -m rh3dgs.cli distill ...; a rerun of
     the same command resumes from the last checkpoint (--checkpoint-every steps)."""
 
-    scene: ScenePath
-    """3DGS PLY (INRIA layout) in the dataset's frame (or see --frame)"""
-    data: Annotated[str, arg(metavar="PATH")]
-    """dataset folder with transforms.json (and features/)"""
-    output: Output
-    """semantic scene folder to write"""
-    frame: Literal["auto", "data", "nerfstudio", "capture"] = "auto"
-    """frame of the PLY (auto: detected; nerfstudio: ns-export's)"""
     config: Annotated[Optional[str], arg(metavar="YAML")] = None
     """YAML preset of the distillation's settings (objective: and lift: as mappings); options given here win"""
     distill: Annotated[DistillOptions, arg(name="")] = field(default_factory=DistillOptions)
