@@ -22,6 +22,7 @@ import io
 import json
 import os
 import sys
+import zipfile
 
 import hypothesis
 import numpy as np
@@ -243,6 +244,18 @@ def test_hostile_arrays(name, encode, strategy):
         _count(name + "+arrays", run_one(name, encode(value)))
 
     check()
+
+
+@pytest.mark.parametrize("name", ["feature_npz", "text_embeddings", "scene_field"])
+def test_npz_member_with_an_empty_name(name):
+    """A zip member named "" (atheris found it in CI): zipfile's ``ZipInfo.is_dir()`` indexes the name's last
+    character and raised IndexError; every .npz reader now refuses the archive in one line naming the file."""
+    member = io.BytesIO()
+    np.save(member, np.zeros(3, np.float32))
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr(zipfile.ZipInfo(""), member.getvalue())
+    assert run_one(name, buf.getvalue()) == "error"
 
 
 # ----------------------------------------------------------------------------- longer run

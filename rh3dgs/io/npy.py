@@ -115,6 +115,8 @@ def npz_headers(path: PathLike, z: Optional[zipfile.ZipFile] = None) -> Dict[str
     try:
         out: Dict[str, Header] = {}
         for info in z.infolist():
+            if not info.filename:  # zipfile's own is_dir() indexes the name's last character
+                raise ValueError("a member has an empty name")
             if info.is_dir():
                 continue
             name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
