@@ -884,26 +884,46 @@ def _on_off(default: str) -> str:
     return f"(default: {'on' if default == 'True' else 'off'})"
 
 
-def _switch_registry():
+def _switch_registry(hide: Optional[Dict[type, Tuple[str, ...]]] = None):
     """A tyro registry under which every boolean field of a dataclass shows its default as on / off (its help text,
-    the field's docstring, describes the setting, so that it reads for ``--flag`` and ``--no-flag`` alike)."""
+    the field's docstring, describes the setting, so that it reads for ``--flag`` and ``--no-flag`` alike).
+    ``hide`` ({dataclass: field names}) leaves those fields out of the help (only a help is printed with it)."""
     import dataclasses as dc
 
     from tyro.constructors import ConstructorRegistry
     from tyro.constructors._struct_spec_dataclass import dataclass_rule  # tyro>=1.0.17,<1.1 (as _errors below)
 
     registry = ConstructorRegistry()
+    hide = hide or {}
+
+    def shown(f, typ):
+        if f.name in hide.get(typ, ()):
+            return dc.replace(f, type=Annotated[f.type, Suppress])
+        if _unannotated(f.type) is bool:
+            return dc.replace(f, type=Annotated[f.type, arg(help_behavior_hint=_on_off)])
+        return f
 
     @registry.struct_rule
     def switches(info):
         spec = dataclass_rule(info)
         if spec is None:
             return None
-        fields = tuple(dc.replace(f, type=Annotated[f.type, arg(help_behavior_hint=_on_off)])
-                       if _unannotated(f.type) is bool else f for f in spec.fields)
-        return dc.replace(spec, fields=fields)
+        return dc.replace(spec, fields=tuple(shown(f, _unannotated(info.type)) for f in spec.fields))
 
     return registry
+
+
+#: What ``rh3dgs COMMAND --help`` leaves to ``--help-all`` (the settings a first run does not change), by command:
+#: {dataclass: its fields left out}, and the help's last line saying what they are. Both parse every option.
+BRIEF_HELP = {
+    "lift": ({LiftOptions: ("vcd", "extrapolate", "max_rate", "tol", "tol_quantile", "min_coverage",
+                            "guide_sigma_color", "min_weight", "min_visibility", "fill_neighbors", "fill_color_sigma",
+                            "fill_visibility_power", "fill_radius", "tile_size", "cache_projections", "compact_cache",
+                            "record_contributions", "teacher_footprint", "max_batch_gaussians"),
+              TeacherOptions: ("image_size", "scales", "crop_overlap", "dense_path", "seed", "batch_size")},
+             "More options (the tuning of the IRLS, the fill and the rasterizer, VCD's terms, the CLIP\n"
+             "teacher's crops): rh3dgs lift --help-all"),
+}
 
 
 def _unannotated(typ):
@@ -916,21 +936,30 @@ def _unannotated(typ):
 
 
 def _tyro(argv: List[str], default=None) -> Rh3dgs:
-    """tyro over :class:`Rh3dgs`; a command line that does not parse raises :class:`UsageError` (one line)."""
+    """tyro over :class:`Rh3dgs`; a command line that does not parse raises :class:`UsageError` (one line).
+    ``--help`` of a command in :data:`BRIEF_HELP` lists its common options, ``--help-all`` every option."""
     from tyro._errors import on_parse_error  # tyro 1.0's parse-error events (pinned: tyro>=1.0.17,<1.1)
 
     command = _command_of(argv)
     prog = f"rh3dgs {command}" if command else "rh3dgs"
+    brief = BRIEF_HELP.get(command) if {"-h", "--help"} & set(argv) else None
+    argv = ["--help" if a == "--help-all" else a for a in argv]
 
     def hook(event):
         raise UsageError(f"{_usage_message(event, prog)} (see {prog} --help)")
 
     # booleans as one flag each, named for the change from the default: --overwrite, --no-vcd, --no-guided
-    kwargs = dict(args=argv, prog="rh3dgs", config=(FlagCreatePairsOff,), registry=_switch_registry())
+    kwargs = dict(args=argv, prog="rh3dgs", config=(FlagCreatePairsOff,),
+                  registry=_switch_registry(brief[0] if brief else None))
     if default is not None:
         kwargs["default"] = default
-    with on_parse_error(hook):
-        return tyro.cli(Rh3dgs, **kwargs)
+    try:
+        with on_parse_error(hook):
+            return tyro.cli(Rh3dgs, **kwargs)
+    except SystemExit as exc:
+        if brief and not exc.code:  # the brief help was printed
+            print(brief[1])
+        raise
 
 
 def parse(argv: List[str]) -> Rh3dgs:
