@@ -258,6 +258,22 @@ def test_npz_member_with_an_empty_name(name):
     assert run_one(name, buf.getvalue()) == "error"
 
 
+@pytest.mark.parametrize("name", ["feature_pt", "feature_npz", "checkpoint"])
+def test_zip_record_flagged_encrypted(name):
+    """A zip record whose flags say "encrypted" (atheris): zipfile raises RuntimeError on opening it; the
+    torch-file and .npz readers refuse the file in one line."""
+    member = io.BytesIO()
+    np.save(member, np.zeros(3, np.float32))
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:  # zipfile writes no encrypted records: set the flag bit after
+        z.writestr("features.npy", member.getvalue())
+    data = bytearray(buf.getvalue())
+    for signature, flags_at in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):  # local header, central directory
+        data[data.index(signature) + flags_at] |= 0x1
+    assert zipfile.ZipFile(io.BytesIO(bytes(data))).infolist()[0].flag_bits & 0x1
+    assert run_one(name, bytes(data)) == "error"
+
+
 # ----------------------------------------------------------------------------- longer run
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TARGETS))

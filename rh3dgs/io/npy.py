@@ -185,7 +185,8 @@ def check_torch_zip(path: PathLike, error: Callable[[Path, str], Exception], wha
             check_memory(factor * total, f"{path}: loading {what} of {len(infos)} records",
                          knobs=["a machine with more memory"])
             bad = z.testzip()
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError, NotImplementedError, zlib.error) as e:
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError, NotImplementedError, RuntimeError,
+            zlib.error) as e:  # RuntimeError: a record flagged as encrypted
         size = path.stat().st_size if path.exists() else 0
         raise error(path, f"not a complete {what}, corrupt or truncated ({size} bytes; damaged or not written by "
                           f"torch.save: {type(e).__name__}: {e})") from None
