@@ -296,14 +296,16 @@ def test_mutated_seed_long(name):
 @pytest.mark.parametrize("name", ["ply", "transforms", "feature_npy", "text_embeddings", "scene_json", "scene_field",
                                   "checkpoint", "viewer_message"])
 def test_atheris(name, tmp_path):
-    """Coverage-guided fuzzing with atheris (if installed), bounded runs and time, in a subprocess."""
+    """Coverage-guided fuzzing with atheris (if installed), bounded runs and time, in a subprocess; libFuzzer's
+    seed is ``RH3DGS_FUZZ_SEED`` (fixed by default, so CI finds the same inputs every run; ``random`` explores)."""
     pytest.importorskip("atheris")
     import subprocess
 
     runs = int(os.environ.get("RH3DGS_ATHERIS_RUNS", "300"))
     here = os.path.dirname(__file__)
+    seed = [] if LONG_SEED == "random" else [f"-seed={int(LONG_SEED)}"]
     proc = subprocess.run([sys.executable, os.path.join(here, "fuzz", "run_atheris.py"), name,
-                           f"-atheris_runs={runs}", "-max_total_time=60", "-rss_limit_mb=4096"],
+                           f"-atheris_runs={runs}", "-max_total_time=60", "-rss_limit_mb=4096", *seed],
                           cwd=tmp_path, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = os.environ.get("RH3DGS_RELIABILITY_REPORT")
