@@ -30,74 +30,55 @@ typedef int32_t vi16 __attribute__((vector_size(64)));
 template <int W>
 struct Lanes;
 
+// AVX-512 lanes of WIDTH floats in a BITS-bit register (16 / 512, and 8 / 256 with AVX512VL): masks are
+// k-registers, selects and masked multiply-adds single instructions. One definition for both widths.
+#define RH3DGS_MASKED_LANES(WIDTH, BITS)                                                                        \
+  template <>                                                                                                  \
+  struct Lanes<WIDTH> {                                                                                        \
+    static constexpr int W = WIDTH;                                                                            \
+    using V = vf##WIDTH;                                                                                       \
+    using VI = vi##WIDTH;                                                                                      \
+    using M = __mmask##WIDTH;                                                                                  \
+    using R = __m##BITS;                                                                                       \
+    using RI = __m##BITS##i;                                                                                   \
+    static V load(const float* p) { return (V)_mm##BITS##_loadu_ps(p); }                                       \
+    static void store(float* p, V v) { _mm##BITS##_storeu_ps(p, (R)v); }                                      \
+    static void store_first(float* p, V v, int n) { _mm##BITS##_mask_storeu_ps(p, first(n), (R)v); }          \
+    static void store_first(int32_t* p, VI v, int n) { _mm##BITS##_mask_storeu_epi32(p, first(n), (RI)v); }   \
+    static V load_first(const float* p, int n) { return (V)_mm##BITS##_maskz_loadu_ps(first(n), p); }         \
+    static VI load_first(const int32_t* p, int n) { return (VI)_mm##BITS##_maskz_loadu_epi32(first(n), p); }  \
+    static M first(int n) { return (M)((1u << n) - 1u); } /* lanes [0, n), n <= WIDTH; 0 beyond n on loads */ \
+    static M lei(int32_t k, VI v) {                                                                            \
+      return _mm##BITS##_cmp_epi32_mask(_mm##BITS##_set1_epi32(k), (RI)v, _MM_CMPINT_LE);                      \
+    }                                                                                                          \
+    static M gt(V a, V b) { return _mm##BITS##_cmp_ps_mask((R)a, (R)b, _CMP_GT_OQ); }                          \
+    static M le(V a, V b) { return _mm##BITS##_cmp_ps_mask((R)a, (R)b, _CMP_LE_OQ); }                          \
+    static V blend(M m, V a, V b) { return (V)_mm##BITS##_mask_blend_ps(m, (R)b, (R)a); } /* m ? a : b */      \
+    static V min(V a, V b) { return (V)_mm##BITS##_min_ps((R)a, (R)b); } /* a < b ? a : b (std::min(b, a)) */ \
+    static VI blend(M m, VI a, VI b) { return (VI)_mm##BITS##_mask_blend_epi32(m, (RI)b, (RI)a); }             \
+    static V fma(M m, V a, V b, V c) { return (V)_mm##BITS##_mask3_fmadd_ps((R)a, (R)b, (R)c, m); }            \
+    /* m ? a *p + c : c with *p broadcast from memory inside the multiply-add (GCC emits a separate broadcast   \
+       for the intrinsic form: one more instruction per channel of every (Gaussian, row) segment) */           \
+    static V fma_bcast(M m, V a, const float* p, V c) {                                                        \
+      R r = (R)c;                                                                                              \
+      asm("vfmadd231ps %[p]%{1to" #WIDTH "%}, %[a], %[r]%{%[m]%}"                                              \
+          : [r] "+v"(r)                                                                                        \
+          : [a] "v"((R)a), [p] "m"(*p), [m] "Yk"(m));                                                          \
+      return (V)r;                                                                                             \
+    }                                                                                                          \
+    static V add(M m, V a, V b) { return (V)_mm##BITS##_mask_add_ps((R)a, m, (R)a, (R)b); } /* m ? a + b : a */ \
+    static bool any(M m) { return m != 0; }                                                                    \
+    static uint32_t bits(M m) { return m; }                                                                    \
+    static M from_bits(uint32_t b) { return (M)b; }                                                            \
+    static M andnot(M a, M b) { return (M)(~a & b); } /* b and not a */                                        \
+  };
+
 #if defined(__AVX512F__)
-template <>
-struct Lanes<16> {
-  static constexpr int W = 16;
-  using V = vf16;
-  using VI = vi16;
-  using M = __mmask16;
-  static V load(const float* p) { return (V)_mm512_loadu_ps(p); }
-  static void store(float* p, V v) { _mm512_storeu_ps(p, (__m512)v); }
-  static void store_first(float* p, V v, int n) { _mm512_mask_storeu_ps(p, first(n), (__m512)v); }
-  static void store_first(int32_t* p, VI v, int n) { _mm512_mask_storeu_epi32(p, first(n), (__m512i)v); }
-  static V load_first(const float* p, int n) { return (V)_mm512_maskz_loadu_ps(first(n), p); }  // 0 beyond n
-  static VI load_first(const int32_t* p, int n) { return (VI)_mm512_maskz_loadu_epi32(first(n), p); }
-  static M first(int n) { return (M)((1u << n) - 1u); }  // lanes [0, n), n <= 16
-  static M lei(int32_t k, VI v) { return _mm512_cmp_epi32_mask(_mm512_set1_epi32(k), (__m512i)v, _MM_CMPINT_LE); }
-  static M gt(V a, V b) { return _mm512_cmp_ps_mask((__m512)a, (__m512)b, _CMP_GT_OQ); }
-  static M le(V a, V b) { return _mm512_cmp_ps_mask((__m512)a, (__m512)b, _CMP_LE_OQ); }
-  static V blend(M m, V a, V b) { return (V)_mm512_mask_blend_ps(m, (__m512)b, (__m512)a); }  // m ? a : b
-  static V min(V a, V b) { return (V)_mm512_min_ps((__m512)a, (__m512)b); }  // a < b ? a : b (std::min(b, a))
-  static VI blend(M m, VI a, VI b) { return (VI)_mm512_mask_blend_epi32(m, (__m512i)b, (__m512i)a); }
-  static V fma(M m, V a, V b, V c) { return (V)_mm512_mask3_fmadd_ps((__m512)a, (__m512)b, (__m512)c, m); }  // m ? a b + c : c
-  // m ? a *p + c : c with *p broadcast from memory inside the multiply-add (GCC emits a separate broadcast for
-  // the intrinsic form: one more instruction per channel of every (Gaussian, row) segment)
-  static V fma_bcast(M m, V a, const float* p, V c) {
-    __m512 r = (__m512)c;
-    asm("vfmadd231ps %[p]%{1to16%}, %[a], %[r]%{%[m]%}" : [r] "+v"(r) : [a] "v"((__m512)a), [p] "m"(*p), [m] "Yk"(m));
-    return (V)r;
-  }
-  static V add(M m, V a, V b) { return (V)_mm512_mask_add_ps((__m512)a, m, (__m512)a, (__m512)b); }  // m ? a + b : a
-  static bool any(M m) { return m != 0; }
-  static uint32_t bits(M m) { return m; }
-  static M from_bits(uint32_t b) { return (M)b; }
-  static M andnot(M a, M b) { return (M)(~a & b); }  // b and not a
-};
+RH3DGS_MASKED_LANES(16, 512)
 #endif
 
 #if defined(__AVX512F__) && defined(__AVX512VL__)
-template <>
-struct Lanes<8> {
-  static constexpr int W = 8;
-  using V = vf8;
-  using VI = vi8;
-  using M = __mmask8;
-  static V load(const float* p) { return (V)_mm256_loadu_ps(p); }
-  static void store(float* p, V v) { _mm256_storeu_ps(p, (__m256)v); }
-  static void store_first(float* p, V v, int n) { _mm256_mask_storeu_ps(p, first(n), (__m256)v); }
-  static void store_first(int32_t* p, VI v, int n) { _mm256_mask_storeu_epi32(p, first(n), (__m256i)v); }
-  static V load_first(const float* p, int n) { return (V)_mm256_maskz_loadu_ps(first(n), p); }
-  static VI load_first(const int32_t* p, int n) { return (VI)_mm256_maskz_loadu_epi32(first(n), p); }
-  static M first(int n) { return (M)((1u << n) - 1u); }
-  static M lei(int32_t k, VI v) { return _mm256_cmp_epi32_mask(_mm256_set1_epi32(k), (__m256i)v, _MM_CMPINT_LE); }
-  static M gt(V a, V b) { return _mm256_cmp_ps_mask((__m256)a, (__m256)b, _CMP_GT_OQ); }
-  static M le(V a, V b) { return _mm256_cmp_ps_mask((__m256)a, (__m256)b, _CMP_LE_OQ); }
-  static V blend(M m, V a, V b) { return (V)_mm256_mask_blend_ps(m, (__m256)b, (__m256)a); }
-  static V min(V a, V b) { return (V)_mm256_min_ps((__m256)a, (__m256)b); }
-  static VI blend(M m, VI a, VI b) { return (VI)_mm256_mask_blend_epi32(m, (__m256i)b, (__m256i)a); }
-  static V fma(M m, V a, V b, V c) { return (V)_mm256_mask3_fmadd_ps((__m256)a, (__m256)b, (__m256)c, m); }
-  static V fma_bcast(M m, V a, const float* p, V c) {
-    __m256 r = (__m256)c;
-    asm("vfmadd231ps %[p]%{1to8%}, %[a], %[r]%{%[m]%}" : [r] "+v"(r) : [a] "v"((__m256)a), [p] "m"(*p), [m] "Yk"(m));
-    return (V)r;
-  }
-  static V add(M m, V a, V b) { return (V)_mm256_mask_add_ps((__m256)a, m, (__m256)a, (__m256)b); }
-  static bool any(M m) { return m != 0; }
-  static uint32_t bits(M m) { return m; }
-  static M from_bits(uint32_t b) { return (M)b; }
-  static M andnot(M a, M b) { return (M)(~a & b); }
-};
+RH3DGS_MASKED_LANES(8, 256)
 #else
 // AVX2 (or any CPU): a mask is a vector of 0 / -1 per lane; selects are blends.
 template <>
@@ -168,6 +149,7 @@ struct Lanes<8> {
   static M andnot(M a, M b) { return ~a & b; }
 };
 #endif
+#undef RH3DGS_MASKED_LANES
 
 // x in every lane (not V{} + x: 0 + x is a scalar add before the broadcast, as -0.0 + 0 = +0).
 template <class V>
