@@ -108,14 +108,30 @@ def write_results(name: str, payload: Dict, markdown: str) -> Dict:
     return payload
 
 
-def cpu_peak_fma() -> Dict[str, object]:
-    """This CPU's peak single-precision FMA rate per core, from lscpu's flags and the clock.
+#: Single-precision FMA lanes per cycle per core, by vector datapath (not by ISA: Zen 4 runs an AVX-512 FMA through
+#: its two 256-bit pipes, one 512-bit FMA per cycle, so its peak is its AVX2 peak). The first row that matches
+#: (vendor, CPU family, lscpu flags) is this machine's; ``make bench`` prints the table with it marked.
+FMA_PEAKS = (
+    ("AMD Zen 5 (family 1Ah), AVX-512", lambda v, fam, fl: v == "AuthenticAMD" and fam >= 0x1A and "avx512f" in fl,
+     32, "two 512-bit FMA pipes (server / desktop parts)"),
+    ("AMD Zen 4 (family 19h with AVX-512)", lambda v, fam, fl: v == "AuthenticAMD" and "avx512f" in fl,
+     16, "two 256-bit FMA pipes; a 512-bit FMA takes both"),
+    ("AMD Zen 2 / Zen 3, AVX2", lambda v, fam, fl: v == "AuthenticAMD" and {"avx2", "fma"} <= fl,
+     16, "two 256-bit FMA pipes"),
+    ("Intel Xeon Skylake-SP and later, AVX-512", lambda v, fam, fl: v == "GenuineIntel" and "avx512f" in fl,
+     32, "two 512-bit FMA units (Gold / Platinum; some Silver / Bronze parts have one: half)"),
+    ("x86 with AVX2 + FMA (Intel Haswell and later)", lambda v, fam, fl: {"avx2", "fma"} <= fl,
+     16, "two 256-bit FMA units"),
+    ("other (SSE)", lambda v, fam, fl: True, 8, "two 128-bit pipes assumed"),
+)
 
-    lanes = 16 (avx512f) / 8 (avx2 + fma) / 4 (sse); 2 FMA pipes per core (Intel since Haswell,
-    AMD since Zen 2); clock = lscpu's max MHz when given, else /proc/cpuinfo's MHz (a VM often
-    shows only the nominal clock). Peak FMA/s per core = pipes x lanes x clock (x 2 for FLOP/s).
+
+def cpu_peak_fma() -> Dict[str, object]:
+    """This CPU's peak single-precision FMA rate per core: :data:`FMA_PEAKS`' lanes per cycle for its vendor,
+    family and lscpu flags, times the clock (lscpu's max MHz when given, else /proc/cpuinfo's MHz: a VM often
+    shows only the nominal clock). x 2 for FLOP/s.
     """
-    flags, mhz, model = set(), None, platform.processor() or "unknown"
+    flags, mhz, model, vendor, family = set(), None, platform.processor() or "unknown", "", 0
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
         for line in out.splitlines():
@@ -127,6 +143,10 @@ def cpu_peak_fma() -> Dict[str, object]:
                 mhz = float(val)
             elif key == "Model name":
                 model = val
+            elif key == "Vendor ID":
+                vendor = val
+            elif key == "CPU family" and val.isdigit():
+                family = int(val)
     except (OSError, subprocess.SubprocessError):
         pass
     if mhz is None:
@@ -135,7 +155,32 @@ def cpu_peak_fma() -> Dict[str, object]:
                       if l.startswith("cpu MHz"))
         except (OSError, ValueError):
             mhz = float("nan")
-    lanes = 16 if "avx512f" in flags else 8 if {"avx2", "fma"} <= flags else 4
-    pipes = 2
-    return {"model": model, "isa": "avx512f" if lanes == 16 else "avx2+fma" if lanes == 8 else "sse", "lanes": lanes,
-            "fma_pipes": pipes, "clock_ghz": mhz / 1000.0, "peak_fma_per_s_per_core": pipes * lanes * mhz * 1e6}
+    row = next(i for i, (_, match, _, _) in enumerate(FMA_PEAKS) if match(vendor, family, flags))
+    name, _, lanes_per_cycle, how = FMA_PEAKS[row]
+    isa = "avx512f" if "avx512f" in flags else "avx2+fma" if {"avx2", "fma"} <= flags else "sse"
+    return {"model": model, "vendor": vendor, "family": family, "isa": isa, "microarchitecture": name,
+            "datapath": how, "table_row": row, "fma_lanes_per_cycle": lanes_per_cycle, "clock_ghz": mhz / 1000.0,
+            "peak_fma_per_s_per_core": lanes_per_cycle * mhz * 1e6}
+
+
+def fma_peak_table(peak: Dict[str, object]) -> str:
+    """:data:`FMA_PEAKS` as a Markdown table at ``peak``'s clock, this machine's row marked."""
+    rows = "".join(f"| {'**' + name + '** (this machine)' if i == peak['table_row'] else name} | {lanes} | {how} | "
+                   f"{lanes * peak['clock_ghz']:.1f} |\n" for i, (name, _, lanes, how) in enumerate(FMA_PEAKS))
+    return ("| microarchitecture | FP32 FMA lanes / cycle / core | datapath | peak G FMA/s / core at "
+            f"{peak['clock_ghz']:.2f} GHz |\n|---|---|---|---|\n" + rows)
+
+
+def memory_bandwidth(mib: int = 512, repeats: int = 5) -> Dict[str, float]:
+    """Main-memory bandwidth as a copy of ``mib`` MiB (STREAM's copy: bytes read + bytes written), best of
+    ``repeats``, on one thread and on all of torch's threads: GB/s."""
+    n = mib * 2 ** 20 // 4
+    src, dst = torch.ones(n), torch.empty(n)
+    out, threads = {}, torch.get_num_threads()
+    for key, t in (("one_thread_gb_s", 1), ("all_threads_gb_s", threads)):
+        torch.set_num_threads(t)
+        best = timeit(lambda: dst.copy_(src), repeats=repeats, warmup=1)["min_s"]
+        out[key] = 2 * 4 * n / best / 1e9
+    torch.set_num_threads(threads)
+    out["threads"], out["mib"] = threads, mib
+    return out

@@ -6,10 +6,16 @@ Each backend runs in its own interpreter so that its peak RSS is its own.
 The physical limit (issue 21): the native forward and backward are also stated as composited
 (Gaussian, pixel) pairs per second per core (pairs counted exactly by the aggregation op's record of
 the same row traversal) and as the fraction of this CPU's peak single-precision FMA rate
-(``_common.cpu_peak_fma``: lscpu flags, 2 FMA pipes, clock) that the arithmetic every composited pair
+(``_common.cpu_peak_fma``: FMA lanes per cycle of the CPU's vector datapath, ``_common.FMA_PEAKS``, times the
+clock) that the arithmetic every composited pair
 needs would take, each operation counted as one FMA lane: alpha (sigma, exp, clamps: ALPHA_OPS) and
 compositing (C + 6) forward, the same alpha and 4 C + 30 backward. Pairs tested but not composited
 (alpha < 1/255 inside a row, or culled) are overhead, not counted.
+
+The memory side: the bytes a tile must move past the core's L1 (each intersected Gaussian's 64-byte record,
+its 4-byte index and its feature row once per tile; each pixel's outputs once; the backward also each
+Gaussian's gradient row per tile and each pixel's output gradients) per composited pair, times the pairs per
+second, against a copy's bandwidth measured in the same run (``_common.memory_bandwidth``).
 
     python benchmarks/bench_rasterize.py            # both, prints ratios, writes results/
 """
@@ -21,12 +27,31 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (cpu_peak_fma, entry, machine, orbit, peak_rss_mb, random_scene, run_isolated,  # noqa: E402
-                     timeit, write_results)
+from _common import (cpu_peak_fma, entry, fma_peak_table, machine, memory_bandwidth, orbit, peak_rss_mb,  # noqa: E402
+                     random_scene, run_isolated, timeit, write_results)
 
 N, SIZE, C = 20_000, 256, 16
 ALPHA_OPS = 24  # per pair: dx, sigma (mul + 2 FMA), clamps, exp (12), alpha (mul + min + 3 selects)
 FWD_OPS, BWD_OPS = ALPHA_OPS + C + 6, ALPHA_OPS + 4 * C + 30
+# bytes per tile intersection (record 64 + index 4 + feature row; the backward adds the gradient row: means2d 2,
+# conic 3, opacity 1, depth 1, features C) and per pixel (forward outputs: features, alpha, 2 depth moments;
+# backward: their gradients and the forward's saved transmittance and last index)
+FWD_BYTES_ISECT, FWD_BYTES_PIXEL = 68 + 4 * C, 4 * (C + 3)
+BWD_BYTES_ISECT, BWD_BYTES_PIXEL = 68 + 4 * C + 4 * (C + 7), 4 * (C + 5)
+
+
+def _which_limit(limit: dict) -> str:
+    """One sentence: which of arithmetic and memory traffic is nearer its limit, per pass."""
+    parts = []
+    for k, v in limit.items():
+        fma, mem = v["fraction_of_peak_fma"], v["fraction_of_bandwidth"]
+        near = "the arithmetic" if fma >= mem else "the memory traffic"
+        parts.append(f"{k}: {near} is nearer its limit ({100 * fma:.0f} % of peak FMA, {100 * mem:.0f} % of the "
+                     "copy bandwidth)")
+    bound = all(max(v["fraction_of_peak_fma"], v["fraction_of_bandwidth"]) < 0.5 for v in limit.values())
+    return ("; ".join(parts) + (". Neither is above half of its limit: the time goes to the instructions around "
+                                "the necessary arithmetic (lane masks, gathers, transposes, row culling) and their "
+                                "latencies, not to a unit's throughput." if bound else "."))
 
 
 def composited_pairs(p) -> int:
@@ -89,20 +114,25 @@ def main() -> dict:
     ref = run_isolated(__file__, ["--only", "reference"])
     ratio = ref["fwd_bwd_s"] / native["fwd_bwd_s"]
     r_fwd, r_bwd = ref["fwd_s"] / native["fwd_s"], ref["bwd_s"] / max(native["bwd_s"], 1e-9)
-    peak = cpu_peak_fma()
+    peak, bandwidth = cpu_peak_fma(), memory_bandwidth()
     threads = int(machine()["threads"])
     pairs = native["pairs"]
     limit = {}
     bwd_cpu = max(native["fwd_bwd_cpu_s"] - native["fwd_graph_cpu_s"], 1e-9)
-    for part, secs, cpu_s, ops in (("forward", native["fwd_nograd_s"], native["fwd_nograd_cpu_s"], FWD_OPS),
-                                   ("backward", native["bwd_s"], bwd_cpu, BWD_OPS)):
+    isects, pixels = native["n_isects"], SIZE * SIZE
+    for part, secs, cpu_s, ops, b_isect, b_pixel in (
+            ("forward", native["fwd_nograd_s"], native["fwd_nograd_cpu_s"], FWD_OPS, FWD_BYTES_ISECT, FWD_BYTES_PIXEL),
+            ("backward", native["bwd_s"], bwd_cpu, BWD_OPS, BWD_BYTES_ISECT, BWD_BYTES_PIXEL)):
         # per core: over the CPU time of all threads (robust to other processes' load), and over
         # wall time x threads (what an idle machine would give only without that load)
         rate = pairs / cpu_s
+        bytes_per_pair = (isects * b_isect + pixels * b_pixel) / pairs
         limit[part] = {"pairs_per_s_per_core": rate, "pairs_per_s_per_core_wall": pairs / (secs * threads),
-                       "ops_per_pair": ops, "fraction_of_peak_fma": rate * ops / peak["peak_fma_per_s_per_core"]}
+                       "ops_per_pair": ops, "fraction_of_peak_fma": rate * ops / peak["peak_fma_per_s_per_core"],
+                       "bytes_per_pair": bytes_per_pair, "gb_s_per_core": rate * bytes_per_pair / 1e9,
+                       "fraction_of_bandwidth": rate * bytes_per_pair / 1e9 / bandwidth["one_thread_gb_s"]}
     payload = {"setting": {"gaussians": N, "size": SIZE, "channels": C}, "native": native, "reference": ref,
-               "cpu_peak": peak, "physical_limit": limit,
+               "cpu_peak": peak, "memory_bandwidth": bandwidth, "physical_limit": limit,
                "speedup_native_vs_reference": ratio, "speedup_forward": r_fwd, "speedup_backward": r_bwd,
                "memory_ratio_reference_vs_native": ref["rss_over_setup_mb"] / max(native["rss_over_setup_mb"], 1e-3),
                "machine": machine()}
@@ -115,15 +145,22 @@ def main() -> dict:
           + f"\n**speed ratio (reference / native): {ratio:.1f}x** forward + backward "
           f"(forward {r_fwd:.1f}x, backward {r_bwd:.1f}x; backward = fwd+bwd - forward)\n"
           f"\n## Physical limit\n\n{pairs:,} composited (Gaussian, pixel) pairs ({pairs / SIZE ** 2:.1f} per pixel). "
-          f"CPU: {peak['model']}, {peak['isa']} ({peak['lanes']} float lanes x {peak['fma_pipes']} FMA pipes) at "
-          f"{peak['clock_ghz']:.2f} GHz: peak {peak['peak_fma_per_s_per_core'] / 1e9:.1f} G FMA/s per core. "
-          "Each pair's necessary arithmetic counted as FMA lanes (forward: alpha + compositing; backward: alpha + "
-          "gradients; see the module docstring); forward timed without autograd, backward = fwd+bwd - forward; per "
-          f"core = pairs / CPU seconds of all {threads} threads (wall x threads in brackets: inflated by other "
+          f"CPU: {peak['model']} ({peak['microarchitecture']}, {peak['isa']}: {peak['fma_lanes_per_cycle']} FP32 FMA "
+          f"lanes per cycle) at {peak['clock_ghz']:.2f} GHz: peak {peak['peak_fma_per_s_per_core'] / 1e9:.1f} G FMA/s "
+          "per core. Each pair's necessary arithmetic counted as FMA lanes (forward: alpha + compositing; backward: "
+          "alpha + gradients; see the module docstring); forward timed without autograd, backward = fwd+bwd - forward; "
+          f"per core = pairs / CPU seconds of all {threads} threads (wall x threads in brackets: inflated by other "
           "processes' load).\n\n"
-          "| pass | pairs / s / core | ops / pair | fraction of peak FMA |\n|---|---|---|---|\n"
+          "| pass | pairs / s / core | ops / pair | fraction of peak FMA | bytes / pair | GB/s / core | "
+          "fraction of one core's copy bandwidth |\n|---|---|---|---|---|---|---|\n"
           + "".join(f"| {k} | {v['pairs_per_s_per_core'] / 1e6:.1f} M ({v['pairs_per_s_per_core_wall'] / 1e6:.1f} M) | "
-                    f"{v['ops_per_pair']} | **{100 * v['fraction_of_peak_fma']:.1f} %** |\n" for k, v in limit.items()))
+                    f"{v['ops_per_pair']} | **{100 * v['fraction_of_peak_fma']:.1f} %** | {v['bytes_per_pair']:.1f} | "
+                    f"{v['gb_s_per_core']:.2f} | **{100 * v['fraction_of_bandwidth']:.1f} %** |\n"
+                    for k, v in limit.items())
+          + f"\nMemory: a {bandwidth['mib']} MiB copy moves {bandwidth['one_thread_gb_s']:.1f} GB/s on one thread, "
+          f"{bandwidth['all_threads_gb_s']:.1f} GB/s on {bandwidth['threads']} (read + written, best of 5). "
+          f"{_which_limit(limit)}\n\nPeaks by vector datapath (`benchmarks/_common.py` FMA_PEAKS; the fraction "
+          "above is against this machine's row):\n\n" + fma_peak_table(peak))
     return write_results("rasterize", payload, md)
 
 
