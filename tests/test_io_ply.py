@@ -474,6 +474,23 @@ def test_bad_f_rest_count(tmp_path):
     assert str(bad) in str(ei.value) and ei.value.field == "f_rest"
 
 
+@pytest.mark.parametrize("old,new", [("f_rest_8", "f_rest_08"), ("sem_1", "sem_01")])
+def test_numbered_property_with_leading_zeros(tmp_path, old, new):
+    """f_rest_08 (atheris: a KeyError looking for f_rest_8) is refused by name, not read as column 8."""
+    p = tmp_path / "r.ply"
+    save_ply(p, random_gaussians(3, 1, 2))
+    v = PlyData.read(str(p))["vertex"].data
+    names = [new if nm == old else nm for nm in v.dtype.names]
+    renamed = np.empty(len(v), dtype=[(nm, "f4") for nm in names])
+    for nm, src in zip(names, v.dtype.names):
+        renamed[nm] = v[src]
+    bad = tmp_path / "zeros.ply"
+    PlyData([PlyElement.describe(renamed, "vertex")], comments=["rh3dgs sem_dtype float32"]).write(str(bad))
+    with pytest.raises(PlyFormatError, match="leading zeros") as ei:
+        load_ply(bad)
+    assert str(bad) in str(ei.value) and ei.value.field == new
+
+
 @pytest.mark.parametrize("field,value,latent_dtype", [("x", np.nan, "float16"), ("scale_2", np.inf, "float16"),
                                                       ("f_rest_7", -np.inf, "float16"), ("sem_1", np.nan, "float16"),
                                                       ("sem_0", -np.inf, "float16"), ("sem_1", np.nan, "float32")])

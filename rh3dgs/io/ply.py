@@ -154,12 +154,19 @@ def ply_field_names(sh_degree: int, n_latents: int = 0, *, normals: bool = False
 
 
 # ---------------------------------------------------------------------------- loading
-def _numbered(names: Sequence[str], pattern: "re.Pattern[str]") -> Dict[int, str]:
+def _numbered(path: Path, names: Sequence[str], pattern: "re.Pattern[str]") -> Dict[int, str]:
+    """{i: name} of the properties ``pattern`` numbers (f_rest_i, sem_i); a number written otherwise than
+    ``i`` (f_rest_08) is refused: it would name the column of another number."""
     out = {}
     for n in names:
         m = pattern.match(n)
         if m:
-            out[int(m.group(1))] = n
+            i = int(m.group(1))
+            if m.group(1) != str(i):
+                canonical = n[:m.start(1)] + str(i)
+                raise PlyFormatError(path, f"property {n!r} is numbered with leading zeros (a 3DGS PLY names it "
+                                           f"{canonical!r})", field=n)
+            out[i] = n
     return out
 
 
@@ -189,7 +196,7 @@ def _check_layout(path: Path, element_names: Sequence[str], props: Sequence[Tupl
     for name, is_list in props:
         if is_list:
             raise PlyFormatError(path, "list properties are not supported in the vertex element", field=name)
-    rest = _numbered(names, _F_REST_RE)
+    rest = _numbered(path, names, _F_REST_RE)
     if len(rest) not in SH_REST_COUNTS:
         raise PlyFormatError(
             path,
@@ -199,7 +206,7 @@ def _check_layout(path: Path, element_names: Sequence[str], props: Sequence[Tupl
     if set(rest) != set(range(len(rest))):
         gaps = sorted(set(range(len(rest))) - set(rest))
         raise PlyFormatError(path, f"f_rest_* properties are not numbered 0..{len(rest) - 1} (missing {gaps[:5]})", field="f_rest")
-    sem = _numbered(names, _SEM_RE)
+    sem = _numbered(path, names, _SEM_RE)
     if set(sem) != set(range(len(sem))):
         gaps = sorted(set(range(len(sem))) - set(sem))
         raise PlyFormatError(path, f"sem_* properties are not numbered 0..{len(sem) - 1} (missing {gaps[:5]})", field="sem")
