@@ -145,3 +145,32 @@ def test_markdown_report_keeps_its_hand_written_part(tmp_path):
     kept = keep_hand_written(md, "# new tables\n| b |\n")
     assert kept == f"# new tables\n| b |\n\n{HAND_WRITTEN}\n\n## Development draws\n- a finding\n"
     assert "old tables" not in kept
+
+
+def test_combine_reports_the_parts_and_their_reconstructed_geometry_runs(tmp_path):
+    """``--combine DEV TEST DEV_RECON TEST_RECON``: four part sections and two development-to-test tables; folders in
+    the wrong order (a part, or the geometry, other than the slot says) are refused naming the file."""
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[1] / "docs" / "results"
+    folders = []
+    for name, part, noise in [("d", "dev", 0.0), ("t", "test", 0.0), ("dr", "dev", 1.0), ("tr", "test", 1.0)]:
+        s = json.loads((docs / part / "results.json").read_text())
+        s["config"]["geometry_noise"], s["pngs"] = noise, []
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps(s))
+        (tmp_path / name / "results.md").write_text("")
+        folders.append(str(tmp_path / name))
+    md = tmp_path / "results.md"
+    assert _eval(["--suite", "synthetic", "--combine", *folders, "--markdown", str(md)]).main() == 0
+    text = md.read_text()
+    heads = [ln for ln in text.splitlines() if ln.startswith("# ") or ln.startswith("## Development to test")]
+    assert heads[1:] == ["## Development to test (mean paired differences; test minus development in brackets)",
+                         "## Development to test, reconstructed geometry (mean paired differences; test minus "
+                         "development in brackets)", "# Development part", "# Test part",
+                         "# Development part, reconstructed geometry", "# Test part, reconstructed geometry"]
+    assert "`--geometry-noise 1`" in text and "| trained vs the lift it starts from | +5.30 / +5.09 (-0.21) |" in text
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["dev", "dev-recon", "test", "test-recon"]
+    with pytest.raises(ConfigError, match="dr/results.json is the dev part with --geometry-noise 1; expected the test"):
+        _eval(["--suite", "synthetic", "--combine", folders[0], folders[2], "--markdown", str(md),
+               "--overwrite"]).main()

@@ -3,7 +3,7 @@
     rh3dgs eval SCENE --data DATASET [--output DIR]          one scene folder vs masks/ + classes.txt
     rh3dgs eval --suite synthetic [--quick] [--output DIR]   the ablation table (results.json/.md + PNGs)
     rh3dgs eval --suite synthetic --part dev|test [--output DIR]   a part of the widened suite (docs/suite.md)
-    rh3dgs eval --suite synthetic --combine DEV_DIR TEST_DIR --markdown docs/results.md   both parts' report
+    rh3dgs eval --suite synthetic --combine DEV_DIR TEST_DIR [DEV_RECON TEST_RECON] --markdown docs/results.md
 
 The command is the dataclass :class:`Eval` (a subcommand of ``rh3dgs.cli.Rh3dgs``).
 """
@@ -67,8 +67,9 @@ class Eval:
     """suite: indices of the pairs to run"""
     rows: Annotated[Optional[Tuple[str, ...]], arg(help_behavior_hint="(default: every row of the design)")] = None
     """suite: names of the rows to run"""
-    combine: Optional[Tuple[str, ...]] = None
-    """suite: the output folders of the dev and test parts (in that order): write --markdown from their runs"""
+    combine: Annotated[Optional[Tuple[str, ...]], arg(metavar="DIR ...")] = None
+    """suite: output folders of the dev and test parts, then optionally both again run with --geometry-noise:
+    write --markdown from their runs"""
     resume: bool = False
     """suite: keep the records of an earlier run in --output and compute only what is missing"""
     heldout_radius: Annotated[Optional[float], arg(help_behavior_hint="(default: the training orbit's)")] = None
@@ -140,18 +141,28 @@ def cmd_eval(args) -> int:
 
 
 def _combine(args) -> int:
-    """``--combine DEV TEST --markdown PATH``: the two parts' report from their runs."""
+    """``--combine DEV TEST [DEV_RECON TEST_RECON] --markdown PATH``: the parts' report from their runs (the last two:
+    the same parts with ``--geometry-noise``, a reconstruction's Gaussians)."""
+    import json
     from pathlib import Path
 
-    from .report import write_parts_markdown
+    from .report import PART_NAMES, write_parts_markdown
 
-    if not args.markdown or len(args.combine) != 2:
-        raise ConfigError("rh3dgs eval --suite synthetic --combine DEV_DIR TEST_DIR needs --markdown PATH")
-    for d in args.combine:
-        if not (Path(d) / "results.json").is_file():
-            raise ConfigError(f"rh3dgs eval --combine: {Path(d) / 'results.json'} does not exist (run that part first)")
+    usage = "rh3dgs eval --suite synthetic --combine DEV_DIR TEST_DIR [DEV_RECON_DIR TEST_RECON_DIR] --markdown PATH"
+    if not args.markdown or len(args.combine) not in (2, 4):
+        raise ConfigError(f"{usage}: give 2 or 4 folders and --markdown")
+    for name, d in zip(PART_NAMES, args.combine):
+        f = Path(d) / "results.json"
+        if not f.is_file():
+            raise ConfigError(f"rh3dgs eval --combine: {f} does not exist (run that part first)")
+        cfg = json.loads(f.read_text()).get("config", {})
+        part, noise = name.split("-")[0], float(cfg.get("geometry_noise") or 0)
+        if cfg.get("part") != part or (noise > 0) != name.endswith("-recon"):
+            raise ConfigError(f"rh3dgs eval --combine: {f} is the {cfg.get('part')} part with --geometry-noise "
+                              f"{noise:g}; expected the {part} part {'with' if name.endswith('-recon') else 'without'} "
+                              f"it ({usage})")
     check_output_file(args.markdown, args.overwrite)
-    path = write_parts_markdown(dict(zip(("dev", "test"), args.combine)), args.markdown)
+    path = write_parts_markdown(dict(zip(PART_NAMES, args.combine)), args.markdown)
     print(f"wrote {path}")
     return 0
 
