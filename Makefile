@@ -55,4 +55,6 @@ clean:
 bench-quality: install
 	$(VENV)/bin/rh3dgs eval --suite synthetic --part dev --threads 1 --output outputs/eval_suite_dev --overwrite
 	$(VENV)/bin/rh3dgs eval --suite synthetic --part test --threads 1 --output outputs/eval_suite_test --overwrite
-	$(VENV)/bin/rh3dgs eval --suite synthetic --combine outputs/eval_suite_dev outputs/eval_suite_test --markdown docs/results.md --overwrite
+	$(VENV)/bin/rh3dgs eval --suite synthetic --part dev --geometry-noise 1.0 --threads 1 --output outputs/eval_suite_dev_recon --overwrite
+	$(VENV)/bin/rh3dgs eval --suite synthetic --part test --geometry-noise 1.0 --threads 1 --output outputs/eval_suite_test_recon --overwrite
+	$(VENV)/bin/rh3dgs eval --suite synthetic --combine outputs/eval_suite_dev outputs/eval_suite_test outputs/eval_suite_dev_recon outputs/eval_suite_test_recon --markdown docs/results.md --overwrite
