@@ -93,15 +93,41 @@ def entry(measure: Callable[[str], Dict], main: Callable[[], object]) -> None:
 
 
 def machine() -> Dict[str, str]:
+    cpu = cpu_peak_fma()
     return {"python": platform.python_version(), "torch": torch.__version__, "threads": str(torch.get_num_threads()),
-            "cpu_count": str(os.cpu_count()), "cuda": str(torch.cuda.is_available())}
+            "cpu_count": str(os.cpu_count()), "cuda": str(torch.cuda.is_available()), "cpu_model": str(cpu["model"]),
+            "microarchitecture": str(cpu["microarchitecture"]), "commit": code_commit()}
+
+
+def code_commit() -> str:
+    """The commit of the code measured (``git rev-parse --short HEAD``), "+changes" when the package, the native
+    sources or the benchmarks differ from it; "unknown" outside a git checkout."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        changed = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "rh3dgs", "csrc", "setup.py",
+                                  "benchmarks/*.py"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (head + ("+changes" if changed else "")) if head else "unknown"
+
+
+def machine_line() -> str:
+    """The line every result file ends with: the CPU (model, vector datapath), CPUs, torch threads and commit."""
+    m = machine()
+    return (f"Machine: {m['cpu_model']} ({m['microarchitecture']}), {m['cpu_count']} CPUs, {m['threads']} torch "
+            f"threads, CUDA {m['cuda']}; code {m['commit']}.")
 
 
 def write_results(name: str, payload: Dict, markdown: str) -> Dict:
-    """Write results/<name>.json and .md (atomically), print the Markdown; returns ``payload``."""
+    """Write results/<name>.json and .md (atomically), each naming the machine and commit (:func:`machine_line`),
+    print the Markdown; returns ``payload`` with its "machine"."""
     from rh3dgs.io.atomic import atomic_save_json, atomic_save_text
 
     RESULTS.mkdir(parents=True, exist_ok=True)
+    payload = {**payload, "machine": {**machine(), **payload.get("machine", {})}}
+    markdown = markdown.rstrip("\n") + "\n\n" + machine_line() + "\n"
     atomic_save_json(RESULTS / f"{name}.json", payload)
     atomic_save_text(RESULTS / f"{name}.md", markdown)
     print(markdown)
