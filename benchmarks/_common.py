@@ -1,6 +1,7 @@
 """Shared helpers of the benchmark scripts: scenes, timing, peak memory, result files."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -99,6 +100,7 @@ def machine() -> Dict[str, str]:
             "microarchitecture": str(cpu["microarchitecture"]), "commit": code_commit()}
 
 
+@functools.lru_cache(maxsize=None)
 def code_commit() -> str:
     """The commit of the code measured (``git rev-parse --short HEAD``), "+changes" when the package, the native
     sources or the benchmarks differ from it; "unknown" outside a git checkout."""
@@ -113,9 +115,9 @@ def code_commit() -> str:
     return (head + ("+changes" if changed else "")) if head else "unknown"
 
 
-def machine_line() -> str:
-    """The line every result file ends with: the CPU (model, vector datapath), CPUs, torch threads and commit."""
-    m = machine()
+def machine_line(m: Dict[str, str]) -> str:
+    """The line every result file ends with, from :func:`machine`'s ``m``: the CPU (model, vector datapath), CPUs,
+    torch threads and commit."""
     return (f"Machine: {m['cpu_model']} ({m['microarchitecture']}), {m['cpu_count']} CPUs, {m['threads']} torch "
             f"threads, CUDA {m['cuda']}; code {m['commit']}.")
 
@@ -126,8 +128,9 @@ def write_results(name: str, payload: Dict, markdown: str) -> Dict:
     from rh3dgs.io.atomic import atomic_save_json, atomic_save_text
 
     RESULTS.mkdir(parents=True, exist_ok=True)
-    payload = {**payload, "machine": {**machine(), **payload.get("machine", {})}}
-    markdown = markdown.rstrip("\n") + "\n\n" + machine_line() + "\n"
+    m = machine()
+    payload = {**payload, "machine": {**m, **payload.get("machine", {})}}
+    markdown = markdown.rstrip("\n") + "\n\n" + machine_line(m) + "\n"
     atomic_save_json(RESULTS / f"{name}.json", payload)
     atomic_save_text(RESULTS / f"{name}.md", markdown)
     print(markdown)
@@ -152,6 +155,7 @@ FMA_PEAKS = (
 )
 
 
+@functools.lru_cache(maxsize=None)
 def cpu_peak_fma() -> Dict[str, object]:
     """This CPU's peak single-precision FMA rate per core: :data:`FMA_PEAKS`' lanes per cycle for its vendor,
     family and lscpu flags, times the clock (lscpu's max MHz when given, else /proc/cpuinfo's MHz: a VM often
